@@ -1,0 +1,140 @@
+"""The engine on its own thread, feeding asyncio consumers (the HTTP server).
+
+The stepping thread owns the LLMEngine; other threads talk to it only through a command queue,
+so adds and aborts never race a step. Each request's outputs go to an asyncio.Queue on the
+caller's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import queue
+import threading
+from typing import AsyncIterator
+
+from .llm_engine import LLMEngine
+from .outputs import RequestOutput
+from .sampling_params import SamplingParams
+
+
+class EngineDeadError(RuntimeError):
+    pass
+
+
+class AsyncEngine:
+    def __init__(self, model, **engine_args):
+        self.engine = LLMEngine(model, **engine_args)
+        self._commands: queue.Queue = queue.Queue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="flashlane-engine", daemon=True)
+            self._thread.start()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Fail every in-flight request with finish_reason 'abort' and stop the thread."""
+        if self._thread is None:
+            return
+        done = self._call(self._abort_all)
+        try:
+            done.result(timeout)
+        except Exception:
+            pass
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout)
+        self._thread = None
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.error is None
+
+    # ---- requests ----------------------------------------------------------------------------
+    async def generate(self, request_id: str, prompt: str | list[int],
+                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+        """Yield a RequestOutput for every new token; the last one has ``finished`` set.
+        If the consumer goes away (cancelled, disconnected), the request is aborted."""
+        if not self.alive:
+            raise EngineDeadError(f"engine is not running: {self.error!r}")
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = (loop, q)
+        try:
+            await asyncio.wrap_future(self._call(self.engine.add_request, request_id, prompt, params))
+        except BaseException:
+            self._streams.pop(request_id, None)
+            raise
+        finished = False
+        try:
+            while True:
+                out = await q.get()
+                if isinstance(out, BaseException):
+                    raise out
+                yield out
+                if out.finished:
+                    finished = True
+                    return
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self._call(self.engine.abort, request_id)
+
+    def abort(self, request_id: str) -> concurrent.futures.Future:
+        return self._call(self.engine.abort, request_id)
+
+    def stats(self) -> dict:
+        return self.engine.stats()
+
+    # ---- the stepping thread -----------------------------------------------------------------
+    def _call(self, fn, *args) -> concurrent.futures.Future:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._commands.put((fn, args, fut))
+        self._wake.set()
+        return fut
+
+    def _abort_all(self) -> None:
+        for rid in list(self.engine.requests):
+            out = self.engine.abort(rid)
+            if out is not None:
+                self._deliver(out)
+
+    def _deliver(self, out: RequestOutput) -> None:
+        target = self._streams.get(out.request_id)
+        if target is not None:
+            loop, q = target
+            loop.call_soon_threadsafe(q.put_nowait, out)
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                while True:
+                    try:
+                        fn, args, fut = self._commands.get_nowait()
+                    except queue.Empty:
+                        break
+                    try:
+                        fut.set_result(fn(*args))
+                    except Exception as exc:  # reported to the caller, engine keeps going
+                        fut.set_exception(exc)
+                if self.engine.has_unfinished():
+                    for out in self.engine.step():
+                        self._deliver(out)
+                else:
+                    self._wake.wait(0.05)
+                    self._wake.clear()
+        except BaseException as exc:  # a crashed step: fail everyone rather than hang them
+            self.error = exc
+            for loop, q in list(self._streams.values()):
+                loop.call_soon_threadsafe(q.put_nowait, EngineDeadError(f"engine step failed: {exc!r}"))
+            raise

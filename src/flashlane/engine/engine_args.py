@@ -1,0 +1,38 @@
+"""Engine arguments shared by the offline LLM, the server and the CLI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass
+class EngineArgs:
+    dtype: str = "auto"                  # auto | float32 | bfloat16
+    device: str = "cpu"
+    seed: int = 0
+    page_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    cache_memory: float | int = 512 * 1024 * 1024   # bytes, or a fraction (<= 1.0) of free memory
+    num_pages: int | None = None         # override the budget split (tests, tuning)
+    num_slots: int | None = None
+    max_wait_ms: float = 0.0             # dynamic batching window; 0 = off
+    max_model_len: int | None = None     # default: the model's max_position_embeddings
+    num_threads: int | None = None       # torch intra-op threads (CPU)
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> "EngineArgs":
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(f"unknown engine argument(s): {', '.join(unknown)} (known: {', '.join(sorted(names))})")
+        return cls(**kwargs)
+
+    def validate(self) -> None:
+        if self.dtype not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
+        for name in ("page_size", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_wait_ms < 0:
+            raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")

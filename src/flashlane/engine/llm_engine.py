@@ -1,0 +1,220 @@
+"""The synchronous engine: add requests, call ``step()``; the offline LLM and the async server
+engine both drive it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+
+import torch
+
+from ..cache_spec import cache_spec, chunk_multiple
+from .cache.manager import CacheManager, plan_cache
+from .detokenizer import IncrementalDetokenizer
+from .engine_args import EngineArgs
+from .outputs import RequestOutput
+from .request import Request, Status
+from .runner import ModelRunner
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+
+log = logging.getLogger("flashlane.engine")
+
+
+@dataclass
+class StepStat:
+    start: float
+    duration: float
+    num_seqs: int
+    num_tokens: int
+    prefill_tokens: int
+    decode_seqs: int
+    pages_used: int
+    slots_used: int
+
+
+class LLMEngine:
+    def __init__(self, model, **engine_args):
+        args = EngineArgs.from_kwargs(**engine_args)
+        args.validate()
+        self.args = args
+        if args.num_threads:
+            torch.set_num_threads(args.num_threads)
+        if isinstance(model, str):
+            from ..models.registry import load_model
+            model = load_model(model, dtype=args.dtype, seed=args.seed, device=args.device)
+        self.loaded = model
+        self.model = model.model
+        self.config = model.config
+        self.tokenizer = model.tokenizer
+        self.model_name = model.name
+        self.dtype = next(self.model.parameters()).dtype
+        spec = cache_spec(self.config, args.page_size)
+        plan = plan_cache(spec, self.dtype, args.cache_memory, args.max_num_seqs,
+                          args.num_pages, args.num_slots, args.device)
+        self.cache = CacheManager(spec, plan, self.dtype, args.device)
+        self.max_model_len = min(args.max_model_len or self.config.max_position_embeddings, plan.num_tokens)
+        max_running = min(args.max_num_seqs, plan.num_slots if spec.needs_state_slot else args.max_num_seqs,
+                          plan.num_pages)
+        self.scheduler = Scheduler(self.cache, max_running, args.max_num_batched_tokens,
+                                   chunk_multiple(self.config, args.page_size), args.max_wait_ms)
+        self.runner = ModelRunner(self.model, self.cache, args.seed)
+        self.requests: dict[str, Request] = {}
+        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self.step_stats: deque[StepStat] = deque(maxlen=100_000)
+        self.counters: Counter = Counter()
+        self.finish_reasons: Counter = Counter()
+        self.startup = {
+            "model": self.model_name, "arch": self.config.arch, "dtype": str(self.dtype).replace("torch.", ""),
+            "page_size": spec.page_size, "num_pages": plan.num_pages, "num_tokens": plan.num_tokens,
+            "num_state_slots": plan.num_slots, "bytes_per_page": plan.bytes_per_page,
+            "bytes_per_slot": plan.bytes_per_slot, "cache_bytes": self.cache.tensors.nbytes(),
+            "latent_bytes_per_token": spec.latent_bytes_per_token(self._dtype_name()),
+            "index_bytes_per_token": spec.index_bytes_per_token(self._dtype_name()),
+            "max_running": max_running, "max_model_len": self.max_model_len,
+        }
+        log.info("cache: %s", self.startup)
+
+    def _dtype_name(self) -> str:
+        return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[self.dtype]
+
+    # ---- requests ----------------------------------------------------------------------------
+    def tokenize(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        if not all(isinstance(t, int) and 0 <= t < self.config.vocab_size for t in prompt):
+            raise ValueError(f"prompt token ids must be integers in [0, {self.config.vocab_size})")
+        return list(prompt)
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
+                    arrival_time: float | None = None) -> Request:
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        ids = self.tokenize(prompt)
+        if not ids:
+            raise ValueError("prompt is empty")
+        need = len(ids) + params.max_tokens
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"prompt has {len(ids)} tokens; the maximum context is {self.max_model_len} "
+                             f"(pool: {self.cache.plan.num_tokens} tokens)")
+        if need > self.max_model_len:
+            params.max_tokens = self.max_model_len - len(ids)
+        req = Request(request_id, ids, params, self.config.eos_token_ids, arrival_time)
+        if isinstance(prompt, str):
+            req.prompt = prompt
+        self.requests[request_id] = req
+        self._detok[request_id] = IncrementalDetokenizer(self.tokenizer)
+        self.scheduler.add(req)
+        self.counters["requests_added"] += 1
+        return req
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        req = self.requests.get(request_id)
+        if req is None or req.finished:
+            return None
+        self.scheduler.remove(req)
+        return self._finish(req, "abort", time.monotonic())
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    # ---- one step -----------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        if sched.empty:
+            if sched.wake_at is not None:
+                time.sleep(max(0.0, min(sched.wake_at - time.monotonic(), 0.05)))
+            return []
+        start = time.monotonic()
+        results = self.runner.run(sched)
+        now = time.monotonic()
+        outputs = []
+        prefill_tokens = 0
+        for s, res in zip(sched.seqs, results):
+            req = s.req
+            if s.num_new > 1 or not req.output_token_ids:
+                prefill_tokens += s.num_new
+            req.num_computed_tokens += s.num_new
+            if res.prompt_logprobs:
+                req.prompt_logprobs.extend(res.prompt_logprobs)
+            if res.token is None:
+                continue
+            outputs.append(self._append_token(req, res.token, res.logprobs, now))
+        usage = self.cache.usage()
+        self.step_stats.append(StepStat(start, now - start, len(sched.seqs), sched.num_tokens, prefill_tokens,
+                                        len(sched.seqs) - sum(1 for s in sched.seqs if s.num_new > 1),
+                                        usage["pages_used"], usage["slots_used"]))
+        self.counters["prompt_tokens"] += prefill_tokens
+        return outputs
+
+    def _append_token(self, req: Request, token: int, logprobs, now: float) -> RequestOutput:
+        req.output_token_ids.append(token)
+        if req.logprobs is not None:
+            req.logprobs.append(logprobs)
+        if req.metrics.first_token_time is None:
+            req.metrics.first_token_time = now
+        req.metrics.token_times.append(now)
+        self.counters["generation_tokens"] += 1
+        reason, stop = None, None
+        if token in req.stop_token_ids:
+            reason, stop = "stop", token
+        elif len(req.output_token_ids) >= req.params.max_tokens or req.num_tokens >= self.max_model_len:
+            reason = "length"
+        delta = self._detok[req.request_id].step(req.output_token_ids, final=reason is not None)
+        if token in req.stop_token_ids:
+            delta = ""  # the stop token's own text is not part of the completion (vLLM)
+        if req.params.stop and delta:
+            before = len(req.text)
+            text = req.text + delta
+            horizon = max(0, before - max(len(s) for s in req.params.stop) + 1)
+            hits = [(text.find(s, horizon), s) for s in req.params.stop]
+            hits = [(i, s) for i, s in hits if i >= 0]
+            if hits:
+                i, s = min(hits)
+                delta = text[before:i] if i >= before else ""
+                req.text = text[:i]
+                reason, stop = "stop", s
+                return self._finish(req, reason, now, stop, delta, [token])
+        req.text += delta
+        if reason is not None:
+            return self._finish(req, reason, now, stop, delta, [token])
+        return self._output(req, delta, [token])
+
+    def _finish(self, req: Request, reason: str, now: float, stop=None, delta: str = "",
+                delta_ids: list[int] | None = None) -> RequestOutput:
+        if req.status is not Status.FINISHED:
+            self.scheduler.remove(req)
+        req.status = Status.FINISHED
+        req.finish_reason = reason
+        req.stop_reason = stop
+        req.metrics.finish_time = now
+        self.finish_reasons[reason] += 1
+        self._detok.pop(req.request_id, None)
+        out = self._output(req, delta, delta_ids or [])
+        del self.requests[req.request_id]
+        return out
+
+    def _output(self, req: Request, delta: str, delta_ids: list[int]) -> RequestOutput:
+        return RequestOutput(
+            request_id=req.request_id, prompt_token_ids=req.prompt_token_ids, text=req.text,
+            token_ids=list(req.output_token_ids), finished=req.finished, finish_reason=req.finish_reason,
+            stop_reason=req.stop_reason, logprobs=req.logprobs, prompt_logprobs=req.prompt_logprobs,
+            delta_text=delta, delta_token_ids=delta_ids, metrics=req.metrics,
+            prompt=req.prompt,
+        )
+
+    def stats(self) -> dict:
+        return {"running": self.num_running, "waiting": self.num_waiting,
+                "preemptions": self.scheduler.num_preemptions, **self.cache.usage(),
+                **{f"tokens_{k}": v for k, v in self.counters.items()}}

@@ -1,0 +1,92 @@
+"""Model runner: turns a scheduled step into one ForwardBatch, runs the model, samples."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..kernels.sampling import sample, topk_logprobs
+from ..models.forward_batch import ForwardBatch
+from .cache.manager import CacheManager
+from .scheduler import SchedulerOutput
+
+
+@dataclass
+class SeqResult:
+    token: int | None = None
+    logprobs: dict[int, float] | None = None
+    prompt_logprobs: list[dict[int, float]] | None = None
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, cache: CacheManager, seed: int = 0):
+        self.model = model
+        self.cache = cache
+        self.generator = torch.Generator().manual_seed(seed)
+
+    @torch.inference_mode()
+    def run(self, sched: SchedulerOutput) -> list[SeqResult]:
+        seqs = sched.seqs
+        new_tokens, starts, tables, slots = [], [], [], []
+        for s in seqs:
+            c = s.req.num_computed_tokens
+            new_tokens.append(s.req.all_token_ids[c: c + s.num_new])
+            starts.append(c)
+            tables.append(s.req.pages)
+            slots.append(s.req.slot)
+        batch = ForwardBatch.build(new_tokens, starts, tables, slots, self.cache.tensors)
+        hidden = self.model(batch)
+
+        # rows whose logits we need: the last token of sampling sequences, and prompt positions
+        # of requests that asked for prompt logprobs
+        cu = batch.cu_q.tolist()
+        rows: list[int] = []
+        sample_row: dict[int, int] = {}
+        prompt_rows: dict[int, tuple[int, list[int]]] = {}
+        for b, s in enumerate(seqs):
+            req = s.req
+            if req.prompt_logprobs is not None and len(req.prompt_logprobs) < req.num_prompt_tokens:
+                # logits at position p score prompt token p + 1
+                first = len(req.prompt_logprobs) - 1
+                last = min(starts[b] + s.num_new, req.num_prompt_tokens - 1)
+                positions = list(range(max(first, starts[b]), last))
+                if positions:
+                    prompt_rows[b] = (len(rows), positions)
+                    rows.extend(cu[b] + p - starts[b] for p in positions)
+            if s.samples:
+                sample_row[b] = len(rows)
+                rows.append(cu[b + 1] - 1)
+        results = [SeqResult() for _ in seqs]
+        if not rows:
+            return results
+        logits = self.model.compute_logits(hidden[torch.tensor(rows, dtype=torch.long)]).float()
+        logprobs = torch.log_softmax(logits, dim=-1)
+
+        for b, (at, positions) in prompt_rows.items():
+            req = seqs[b].req
+            targets = torch.tensor([req.prompt_token_ids[p + 1] for p in positions])
+            results[b].prompt_logprobs = topk_logprobs(
+                logprobs[at: at + len(positions)], targets, req.params.prompt_logprobs)
+
+        if sample_row:
+            bs = list(sample_row)
+            idx = torch.tensor([sample_row[b] for b in bs], dtype=torch.long)
+            params = [seqs[b].req.params for b in bs]
+            uniforms = torch.stack([
+                torch.rand((), generator=seqs[b].req.generator or self.generator) for b in bs])
+            tokens = sample(
+                logits[idx],
+                torch.tensor([p.temperature for p in params], dtype=torch.float32),
+                torch.tensor([p.top_k for p in params], dtype=torch.long),
+                torch.tensor([p.top_p for p in params], dtype=torch.float32),
+                torch.tensor([p.min_p for p in params], dtype=torch.float32),
+                uniforms,
+            )
+            token_list = tokens.tolist()
+            for j, b in enumerate(bs):
+                results[b].token = token_list[j]
+                k = params[j].logprobs
+                if k is not None:
+                    results[b].logprobs = topk_logprobs(logprobs[idx[j]: idx[j] + 1], tokens[j: j + 1], k)[0]
+        return results

@@ -1,0 +1,153 @@
+"""Continuous batching: every step packs decode tokens of running requests and prefill chunks
+of waiting ones under a token budget (``max_num_batched_tokens``) and a running bound
+(``max_num_seqs``). Admission needs pages AND a state slot. When pages run out mid-decode the
+most recently admitted request is preempted by recompute: it frees everything and goes back to
+the front of the queue, keeping its generated tokens, so it finishes with the same output.
+
+Length-aware packing: a long prompt never blocks a step — it is cut into chunks (multiples of
+lcm(page_size, kpool, 64)) that share the step with everybody's decode tokens, so a batch never
+waits for its longest member (the fixed-batch imbalance). The dynamic batching window
+(``max_wait_ms``) holds prefill admission briefly while the waiting prompts do not yet fill the
+budget, trading a little TTFT for fuller prefill batches.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from .cache.manager import CacheManager
+from .request import Request, Status
+
+
+@dataclass
+class ScheduledSeq:
+    req: Request
+    num_new: int            # tokens computed this step, from req.num_computed_tokens on
+
+    @property
+    def samples(self) -> bool:
+        """True when this chunk reaches the last known token, so a next token is sampled."""
+        return self.req.num_computed_tokens + self.num_new == self.req.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    seqs: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    wake_at: float | None = None   # when a held admission window expires (nothing else to do)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new for s in self.seqs)
+
+    @property
+    def empty(self) -> bool:
+        return not self.seqs
+
+
+class Scheduler:
+    def __init__(self, cache: CacheManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 chunk_multiple: int, max_wait_ms: float = 0.0):
+        if max_num_batched_tokens < chunk_multiple:
+            raise ValueError(f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= the prefill "
+                             f"chunk granularity ({chunk_multiple})")
+        self.cache = cache
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.chunk_multiple = chunk_multiple
+        self.max_wait_s = max_wait_ms / 1000.0
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._admissions = 0
+        self.num_preemptions = 0
+
+    # ---- queue management -------------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def remove(self, req: Request) -> None:
+        """Drop a request wherever it is and give its memory back at once."""
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.cache.release(req)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- one step ---------------------------------------------------------------------------
+    def _chunk(self, remaining: int, budget: int) -> int:
+        if remaining <= budget:
+            return remaining
+        return budget // self.chunk_multiple * self.chunk_multiple
+
+    def _preempt(self, victim: Request, out: SchedulerOutput) -> None:
+        self.running.remove(victim)
+        self.cache.release(victim)
+        victim.num_computed_tokens = 0
+        victim.status = Status.WAITING
+        victim.metrics.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(victim)
+        out.preempted.append(victim)
+
+    def schedule(self, now: float | None = None) -> SchedulerOutput:
+        now = time.monotonic() if now is None else now
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        scheduled: set[int] = set()
+        for req in sorted(self.running, key=lambda r: r.admitted_at):
+            if req not in self.running:       # preempted earlier in this loop
+                continue
+            n = self._chunk(req.num_tokens - req.num_computed_tokens, budget)
+            if n <= 0:
+                continue
+            target = req.num_computed_tokens + n
+            while not self.cache.can_admit(req, target):
+                victims = [r for r in self.running if r is not req and id(r) not in scheduled]
+                victim = max(victims or [req], key=lambda r: r.admitted_at)
+                self._preempt(victim, out)
+                if victim is req:
+                    break
+            if req not in self.running:
+                continue
+            self.cache.grow(req, target)
+            out.seqs.append(ScheduledSeq(req, n))
+            scheduled.add(id(req))
+            budget -= n
+        if out.preempted or not self.waiting:
+            return out
+        if self._hold_admission(now, budget):
+            if out.empty:
+                out.wake_at = self.waiting[0].metrics.arrival_time + self.max_wait_s
+            return out
+        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
+            req = self.waiting[0]
+            n = self._chunk(req.num_tokens - req.num_computed_tokens, budget)
+            if n <= 0 or not self.cache.can_admit(req, req.num_computed_tokens + n):
+                break
+            self.waiting.popleft()
+            self.cache.grow(req, req.num_computed_tokens + n)
+            req.status = Status.RUNNING
+            self._admissions += 1
+            req.admitted_at = self._admissions
+            if req.metrics.first_scheduled_time is None:
+                req.metrics.first_scheduled_time = now
+            self.running.append(req)
+            out.seqs.append(ScheduledSeq(req, n))
+            budget -= n
+        return out
+
+    def _hold_admission(self, now: float, budget: int) -> bool:
+        if self.max_wait_s <= 0:
+            return False
+        oldest = self.waiting[0].metrics.arrival_time
+        if now - oldest >= self.max_wait_s:
+            return False
+        pending = sum(r.num_tokens - r.num_computed_tokens for r in self.waiting)
+        free_seats = self.max_num_seqs - len(self.running)
+        return pending < budget and len(self.waiting) < free_seats

@@ -1,0 +1,53 @@
+"""Vectorised sampling over a batch: temperature, top-k, top-p, min-p, greedy rows.
+
+Randomness enters only through one uniform number per row, drawn by the caller from the row's
+own generator, so a seeded request samples the same token whatever else shares the batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+           min_p: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """logits [B, V] float32; temperature/top_p/min_p [B] float; top_k [B] long (<= 0: off);
+    uniforms [B] in [0, 1). Rows with temperature 0 are greedy. Returns token ids [B] (long)."""
+    greedy = logits.argmax(dim=-1)
+    sampled_rows = temperature > 0
+    if not bool(sampled_rows.any()):
+        return greedy
+    rows = sampled_rows.nonzero().squeeze(1)
+    lg = logits[rows] / temperature[rows].unsqueeze(1)
+    probs_sorted, order = torch.sort(torch.softmax(lg, dim=-1), dim=-1, descending=True)
+    vocab = probs_sorted.shape[1]
+    rank = torch.arange(vocab, device=logits.device).unsqueeze(0)
+    k = top_k[rows]
+    keep = rank < torch.where(k > 0, k, vocab).unsqueeze(1)
+    # top-p: keep the smallest prefix whose mass reaches p (the first token always survives)
+    mass_before = torch.cumsum(probs_sorted, dim=-1) - probs_sorted
+    keep &= mass_before < top_p[rows].unsqueeze(1)
+    keep &= probs_sorted >= min_p[rows].unsqueeze(1) * probs_sorted[:, :1]
+    keep[:, 0] = True
+    probs_sorted = torch.where(keep, probs_sorted, torch.zeros_like(probs_sorted))
+    cdf = torch.cumsum(probs_sorted, dim=-1)
+    target = uniforms[rows].to(cdf.dtype).unsqueeze(1) * cdf[:, -1:]
+    pick = torch.searchsorted(cdf, target, right=True).clamp_(max=vocab - 1)
+    out = greedy.clone()
+    out[rows] = order.gather(1, pick).squeeze(1)
+    return out
+
+
+def topk_logprobs(logprobs: torch.Tensor, chosen: torch.Tensor, k: int) -> list[dict[int, float]]:
+    """Per row: the top-k token logprobs plus the chosen token's (vLLM's logprobs meaning)."""
+    out: list[dict[int, float]] = []
+    top_vals, top_ids = (logprobs.topk(k, dim=-1) if k > 0 else (None, None))
+    chosen_lp = logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1).tolist()
+    chosen_ids = chosen.tolist()
+    for i in range(logprobs.shape[0]):
+        row = {chosen_ids[i]: chosen_lp[i]}
+        if k > 0:
+            for t, v in zip(top_ids[i].tolist(), top_vals[i].tolist()):
+                row.setdefault(t, v)
+        out.append(row)
+    return out
