@@ -1,0 +1,160 @@
+"""DSA lightning indexer: key cache writes (per-token or pooled with a tail ring) and top-k selection.
+
+One code path serves both variants; a per-token indexer (glm_moe_dsa) is the pooled one with
+``kpool = 1`` (every token is its own complete pool, no tail). Spec §1.7 / §2.
+
+Cache layout (see cache_spec): ``index_keys`` [entries, D] holds one key per complete pool,
+addressed through the block table; ``index_tail`` [slots, kpool, 2D] holds ``[kI | gI]`` of the
+tokens of a sequence's in-progress pool at ring index ``position % kpool``.
+
+Selection output per query: ``topk`` pool-token slots (selected pools in descending score order,
+each expanded to its ``kpool`` positions) followed, with ``always_select_tail``, by ``kpool - 1``
+tail slots; absolute positions, ``-1`` = empty. Ties break towards the lower pool index.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .paged import pooled_rows
+
+# Max fp32 elements of one [queries, heads, pools] score block; bounds prefill memory.
+_SCORE_BLOCK = 1 << 24
+
+
+def pool_keys(keys: torch.Tensor, gates: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:
+    """Pooled key ``sum_m softmax_m(g_m + ape_m) * k_m`` per channel: [M, P, D] x2, [P, D] -> [M, D]."""
+    prob = torch.softmax(gates.float() + ape.float(), dim=-2).to(keys.dtype)
+    return (prob * keys).sum(dim=-2)
+
+
+def selection_width(topk: int, kpool: int, always_select_tail: bool) -> int:
+    return topk + (kpool - 1 if always_select_tail and kpool > 1 else 0)
+
+
+def write_index_keys(index_keys: torch.Tensor, keys: torch.Tensor, *, slot_mapping: torch.Tensor,
+                     page_size: int, kpool: int = 1, gates: torch.Tensor | None = None,
+                     ape: torch.Tensor | None = None, tail: torch.Tensor | None = None,
+                     positions: torch.Tensor | None = None, seq_of_token: torch.Tensor | None = None,
+                     start_of_seq: torch.Tensor | None = None, ctx_of_seq: torch.Tensor | None = None,
+                     block_tables: torch.Tensor | None = None,
+                     state_slots: torch.Tensor | None = None) -> None:
+    """Store the new tokens' index keys ([N, D], in flat-batch order, positions ascending per
+    sequence). ``kpool == 1``: one key per token at ``slot_mapping``. ``kpool > 1``: every pool
+    whose last token is new is compressed (older members come from the tail ring) and written
+    once; tokens of each sequence's still-incomplete pool go to the tail ring."""
+    if kpool == 1:
+        index_keys[slot_mapping] = keys.to(index_keys.dtype)
+        return
+    if gates is None or ape is None or tail is None:
+        raise ValueError("pooled index keys (kpool > 1) need gates, ape and the tail ring")
+    d = keys.shape[1]
+    seq = seq_of_token
+    slot = state_slots[seq]
+    start = start_of_seq[seq]
+    packed = torch.cat([keys, gates], dim=-1).to(tail.dtype)                     # [N, 2D]
+
+    done = (positions % kpool) == kpool - 1                                      # pool completed
+    if bool(done.any()):
+        idx = done.nonzero().squeeze(-1)
+        member = torch.arange(kpool, device=keys.device)
+        member_pos = (positions[idx] // kpool * kpool)[:, None] + member          # [M, P]
+        from_new = member_pos >= start[idx, None]
+        # new tokens of a sequence are contiguous and ascending in the flat batch
+        new_src = (idx[:, None] - (positions[idx, None] - member_pos)).clamp(min=0)
+        pool = torch.where(from_new[..., None], packed[new_src], tail[slot[idx, None], member])  # [M, P, 2D]
+        pooled = pool_keys(pool[..., :d], pool[..., d:], ape)
+        rows = pooled_rows(block_tables, seq[idx], positions[idx] // kpool, page_size, kpool)
+        index_keys[rows] = pooled.to(index_keys.dtype)
+
+    open_from = ctx_of_seq[seq] // kpool * kpool
+    pending = positions >= open_from
+    if bool(pending.any()):
+        tail[slot[pending], positions[pending] % kpool] = packed[pending]
+
+
+def _score_pools(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, scale: float) -> torch.Tensor:
+    """``sum_h w[h] * ReLU(q_h . k_p * scale)``: q [G, S, H, D], w [G, S, H], keys [G, M, D] -> [G, S, M]."""
+    s = torch.matmul(q.float(), keys.float().transpose(-1, -2).unsqueeze(1))   # [G, S, H, M]
+    s = F.relu(s * scale)
+    return torch.matmul(w.float().unsqueeze(-2), s).squeeze(-2)
+
+
+def _select_group(q, w, keys, visible_pools, query_pos, *, topk, kpool, select_tail, scale):
+    """Selection for G sequences with S queries each: q [G, S, H, D], w [G, S, H], keys [G, M, D]
+    (pool p of sequence g), visible_pools [G, S], query_pos [G, S] -> [G, S, width]."""
+    g, s = q.shape[:2]
+    m = keys.shape[1]
+    dev = q.device
+    n_sel = min(topk // kpool, m)
+    parts = []
+    if n_sel > 0:
+        chunk = max(1, _SCORE_BLOCK // max(1, g * q.shape[2] * m))
+        picks = []
+        for a in range(0, s, chunk):
+            scores = _score_pools(q[:, a:a + chunk], w[:, a:a + chunk], keys, scale)
+            selectable = torch.arange(m, device=dev) < visible_pools[:, a:a + chunk, None]
+            scores = scores.masked_fill(~selectable, float("-inf"))
+            order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :n_sel]
+            ok = selectable.gather(-1, order)
+            tok = order[..., None] * kpool + torch.arange(kpool, device=dev)
+            picks.append(tok.masked_fill(~ok[..., None], -1).flatten(-2))
+        parts.append(torch.cat(picks, dim=1))
+    if n_sel * kpool < topk:
+        parts.append(torch.full((g, s, topk - n_sel * kpool), -1, dtype=torch.long, device=dev))
+    if select_tail and kpool > 1:
+        visible = query_pos + 1
+        r = visible % kpool
+        j = torch.arange(kpool - 1, device=dev)
+        tail = (visible - r)[..., None] + j
+        parts.append(tail.masked_fill(j >= r[..., None], -1))
+    return torch.cat(parts, dim=-1)
+
+
+def select_positions(q: torch.Tensor, w: torch.Tensor, index_keys: torch.Tensor, *,
+                     positions: torch.Tensor, q_lens: list[int], ctx_lens: list[int],
+                     block_tables: torch.Tensor, page_size: int, topk: int, kpool: int = 1,
+                     always_select_tail: bool = False, scale: float | None = None) -> torch.Tensor:
+    """Positions each query attends: q [N, H, D], w [N, H] (head weights, already scaled),
+    keys of every complete pool already in ``index_keys`` -> [N, width] int64, -1 = empty.
+
+    A pool is selectable iff its last token is visible (position <= the query's). Decode-only
+    sequences are scored in one batched call; each prefill sequence in its own call.
+    """
+    if topk % kpool:
+        raise ValueError(f"index_topk ({topk}) must be a multiple of index_kpool ({kpool})")
+    n, h, d = q.shape
+    scale = d ** -0.5 if scale is None else scale
+    dev = q.device
+    width = selection_width(topk, kpool, always_select_tail)
+    out = torch.full((n, width), -1, dtype=torch.long, device=dev)
+    opts = dict(topk=topk, kpool=kpool, select_tail=always_select_tail, scale=scale)
+
+    def gather_keys(seq_ids: list[int], m: int) -> torch.Tensor:
+        sid = torch.tensor(seq_ids, dtype=torch.long, device=dev)
+        pools = torch.arange(m, device=dev).expand(len(seq_ids), m)
+        return index_keys[pooled_rows(block_tables, sid, pools, page_size, kpool)]
+
+    starts, at = [], 0
+    for ql in q_lens:
+        starts.append(at)
+        at += ql
+    dec = [b for b, ql in enumerate(q_lens) if ql == 1]
+    if dec:
+        m = max(ctx_lens[b] for b in dec) // kpool
+        per = max(1, _SCORE_BLOCK // max(1, m * max(d, h)))    # bound the gathered keys too
+        for a in range(0, len(dec), per):
+            group = dec[a:a + per]
+            tok = torch.tensor([starts[b] for b in group], dtype=torch.long, device=dev)
+            pos = positions[tok][:, None]
+            out[tok] = _select_group(q[tok][:, None], w[tok][:, None], gather_keys(group, m),
+                                     (pos + 1) // kpool, pos, **opts)[:, 0]
+    for b, ql in enumerate(q_lens):
+        if ql <= 1:
+            continue
+        sl = slice(starts[b], starts[b] + ql)
+        pos = positions[sl][None]
+        out[sl] = _select_group(q[sl][None], w[sl][None], gather_keys([b], ctx_lens[b] // kpool),
+                                (pos + 1) // kpool, pos, **opts)[0]
+    return out

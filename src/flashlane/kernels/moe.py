@@ -1,0 +1,67 @@
+"""Mixture-of-experts: sigmoid router with correction bias and group limit, grouped expert dispatch.
+
+Router (spec §1.9): choose experts by ``sigmoid(logits) + bias`` (bias only steers the choice),
+weight them by the unbiased sigmoid scores, optionally renormalised, times the routed scaling.
+Dispatch: token-expert pairs are sorted by expert and every active expert runs one matmul pair
+over all its tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None = None) -> torch.Tensor:
+    """``SiLU(gate) * up``; with ``limit`` the gate is clamped from above, up to [-limit, limit]."""
+    if limit is not None:
+        gate = gate.clamp(max=limit)
+        up = up.clamp(min=-limit, max=limit)
+    return F.silu(gate) * up
+
+
+def route(x: torch.Tensor, router_weight: torch.Tensor, correction_bias: torch.Tensor | None, *,
+          top_k: int, n_group: int = 1, topk_group: int = 1, norm_topk_prob: bool = True,
+          scaling: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [N, H], router_weight [E, H] -> (weights [N, top_k] fp32, expert ids [N, top_k] int64)."""
+    n_exp = router_weight.shape[0]
+    if n_exp % n_group:
+        raise ValueError(f"n_routed_experts ({n_exp}) must be divisible by n_group ({n_group})")
+    if not 0 < top_k <= n_exp:
+        raise ValueError(f"num_experts_per_tok ({top_k}) must be in [1, {n_exp}]")
+    scores = F.linear(x.float(), router_weight.float()).sigmoid()
+    choice = scores if correction_bias is None else scores + correction_bias.float()
+    if n_group > 1 and topk_group < n_group:
+        grouped = choice.view(-1, n_group, n_exp // n_group)
+        group_score = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(-1)
+        keep = torch.zeros_like(group_score, dtype=torch.bool)
+        keep.scatter_(1, group_score.topk(topk_group, dim=-1).indices, True)
+        choice = choice.masked_fill(~keep.repeat_interleave(n_exp // n_group, dim=1), float("-inf"))
+    ids = choice.topk(top_k, dim=-1).indices
+    weights = scores.gather(1, ids)
+    if norm_topk_prob:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * scaling, ids
+
+
+def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                    gate_up: torch.Tensor, down: torch.Tensor,
+                    swiglu_limit: float | None = None) -> torch.Tensor:
+    """Weighted sum of the chosen experts: x [N, H], weights/ids [N, k], gate_up [E, 2I, H]
+    (gate rows first), down [E, H, I] -> [N, H] in x's dtype."""
+    n, k = ids.shape
+    flat = ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    token = order // k
+    counts = torch.bincount(flat, minlength=gate_up.shape[0]).tolist()
+    xs = x[token]
+    ys = x.new_empty(n * k, x.shape[1])
+    at = 0
+    for e, c in enumerate(counts):
+        if c == 0:
+            continue
+        gate, up = F.linear(xs[at:at + c], gate_up[e]).chunk(2, dim=-1)
+        ys[at:at + c] = F.linear(swiglu(gate, up, swiglu_limit), down[e])
+        at += c
+    weighted = (ys * weights.reshape(-1)[order, None]).to(x.dtype)
+    return torch.zeros_like(x).index_add_(0, token, weighted)
