@@ -1,0 +1,126 @@
+"""Render a report dict as a side-by-side table with ratios, the claims and the assumptions."""
+
+from __future__ import annotations
+
+from .cache import KV_FORMATS
+from .claims import TOLERANCE
+from .params import COMPONENTS
+from .units import fmt_bytes, fmt_flops, fmt_number, fmt_params, fmt_ratio, fmt_seconds, fmt_usd, tokens_label
+
+
+def _row(label: str, values: list[str], ratio: str | None, widths: tuple[int, int]) -> str:
+    cells = "".join(v.rjust(widths[1]) for v in values)
+    return label.ljust(widths[0]) + cells + ("" if ratio is None else ratio.rjust(widths[1]))
+
+
+def render_text(report: dict) -> str:
+    ms = report["models"]
+    two = len(ms) == 2
+    w = (34, 18)
+    lines = []
+    lines.append(_row("", [m["name"][: w[1] - 1] for m in ms], "baseline/model" if two else None, w))
+    lines.append(_row("", [m["arch"] for m in ms], "" if two else None, w))
+
+    def add(label, get, fmt, ratio=True):
+        vals = [get(m) for m in ms]
+        r = None
+        if two:
+            numbers = all(isinstance(v, (int, float)) for v in vals)
+            r = fmt_ratio(vals[1] / vals[0]) if ratio and numbers and vals[0] and vals[1] else "-"
+        lines.append(_row(label, ["n/a" if v is None else fmt(v) for v in vals], r, w))
+
+    def section(title):
+        lines.append("")
+        lines.append(f"-- {title}")
+
+    section("layers")
+    add("layers (KDA / DSA / attn)", lambda m: m["layers"]["total"],
+        lambda v: str(v), ratio=False)
+    lines[-1] = _row("layers (KDA / DSA / attn)", [f"{m['layers']['kda']}/{m['layers']['dsa']}/{m['layers']['attn']}"
+                                                    for m in ms], "-" if two else None, w)
+    add("full indexer layers", lambda m: m["layers"]["full_indexer"], str)
+    add("MoE / dense FFN layers", lambda m: m["layers"]["moe"], str, ratio=False)
+    lines[-1] = _row("MoE / dense FFN layers", [f"{m['layers']['moe']}/{m['layers']['dense']}" for m in ms],
+                     "-" if two else None, w)
+    section("parameters")
+    add("total (with MTP)", lambda m: m["params"]["total"], fmt_params)
+    add("total without MTP", lambda m: m["params"]["total_without_mtp"], fmt_params)
+    add("active per token", lambda m: m["params"]["active"], fmt_params)
+    comps = [c for c in COMPONENTS if any(c in m["params"]["by_component"] for m in ms)]
+    for c in comps:
+        add(f"  {c} (total)", lambda m, c=c: m["params"]["by_component"].get(c, {}).get("total", 0), fmt_params)
+    section("cache and state")
+    for f in KV_FORMATS:
+        add(f"cache bytes/token {f}", lambda m, f=f: m["cache"]["bytes_per_token"][f], fmt_bytes)
+    add("  latent bytes/token bf16", lambda m: m["cache"]["latent_bytes_per_token"]["bf16"], fmt_bytes)
+    add("  indexer bytes/token bf16", lambda m: m["cache"]["index_bytes_per_token"]["bf16"], fmt_bytes)
+    add("state bytes/sequence", lambda m: m["state"]["bytes_per_sequence"], fmt_bytes)
+    ctxs = [str(t) for t in report["contexts"]]
+    section("FLOPs per decode token")
+    for t in ctxs:
+        add(f"attention @{tokens_label(int(t))}", lambda m, t=t: m["flops"]["attention_per_token"][t], fmt_flops)
+        for part, label in (("indexer_scoring", "indexer scoring"), ("sparse_attention", "sparse/dense attn"),
+                            ("kda_recurrence", "KDA recurrence")):
+            add(f"  {label}", lambda m, t=t, part=part: m["flops"]["by_component"][t][part], fmt_flops)
+    first = ctxs[0]
+    for part, label in (("projections", "mixer/indexer projections"), ("ffn", "FFN + experts + router"),
+                        ("mhc", "mHC"), ("head", "LM head")):
+        add(f"{label} (any context)", lambda m, part=part: m["flops"]["by_component"][first][part], fmt_flops)
+    for t in ctxs:
+        add(f"total @{tokens_label(int(t))}", lambda m, t=t: m["flops"]["total_per_token"][t], fmt_flops)
+    for t in ctxs:
+        add(f"prefill of {tokens_label(int(t))} prompt", lambda m, t=t: m["flops"]["prefill"][t], fmt_flops)
+    s = report["setup"]
+    section(f"memory per device ({s['devices']} x {report['hardware']['name']}, weights {s['weight_dtype']}, "
+            f"KV {s['kv_dtype']})")
+    add("weights per device", lambda m: m["memory"]["weights_per_device"], fmt_bytes)
+    lines.append(_row("fits", ["yes" if m["memory"]["fits"] else "NO" for m in ms], "-" if two else None, w))
+    add("KV tokens per replica", lambda m: m["memory"]["kv_tokens_per_replica"], lambda v: f"{v:,}")
+    for t in ctxs:
+        add(f"max sequences @{tokens_label(int(t))}", lambda m, t=t: m["memory"]["max_sequences"][t],
+            lambda v: f"{v:,}")
+    section(f"roofline ({s['mfu']:.0%} FLOP/s, {s['mbu']:.0%} bandwidth)")
+    for t in ctxs:
+        add(f"decode tok/s B=1 @{tokens_label(int(t))}",
+            lambda m, t=t: m["roofline"]["decode"][t]["batch1"]["tokens_per_s"], fmt_number)
+        if not all(m["roofline"]["decode"][t]["batch1"]["fits"] for m in ms):
+            lines[-1] += "   (does not fit in memory: ideal rate shown)"
+    for t in ctxs:
+        add(f"decode tok/s B<={s['batch']} @{tokens_label(int(t))}",
+            lambda m, t=t: m["roofline"]["decode"][t]["batch"]["tokens_per_s"], fmt_number)
+        lines[-1] += "   B=" + "/".join(str(m["roofline"]["decode"][t]["batch"]["size"]) for m in ms)
+    for t in ctxs:
+        add(f"prefill/TTFT {tokens_label(int(t))} prompt", lambda m, t=t: m["roofline"]["prefill"][t]["seconds"],
+            fmt_seconds)
+    section(f"task: {report['task']['description']}")
+    for m in ms:
+        if not m["roofline"]["task"]["fits"]:
+            lines.append(f"({m['name']}: the task's context does not fit in memory; times are ideal)")
+    for key, label in (("c1", "concurrency 1"), ("cB", "concurrency B")):
+        add(f"task time, {label}", lambda m, k=key: m["roofline"]["task"][k]["latency_s"], fmt_seconds)
+        add(f"  mean TTFT, {label}", lambda m, k=key: m["roofline"]["task"][k]["mean_ttft_s"], fmt_seconds)
+        add(f"  tasks/hour/replica, {label}", lambda m, k=key: m["roofline"]["task"][k]["tasks_per_hour"],
+            fmt_number)
+        add(f"  $ per task, {label}", lambda m, k=key: m["roofline"]["task"][k]["usd_per_task"], fmt_usd)
+    lines[-1] += "   B=" + "/".join(str(m["roofline"]["task"]["cB"]["concurrency"]) for m in ms)
+    if report["claims"]:
+        lines.append("")
+        lines.append("== public claims (ratios are baseline/model)")
+        for c in report["claims"]:
+            lines.append(f"* \"{c['claim']}\": {c['verdict']}")
+            for d in c["definitions"]:
+                vals = ", ".join(_claim_value(k, v) for k, v in d["values"].items())
+                mark = "REPRODUCES" if d["reproduces"] else ("~" + f"{TOLERANCE:.0%}" if d["approximately"] else "no")
+                at = f"; equals the claim at {d['equal_at_context']:,} tokens" if d["equal_at_context"] else ""
+                lines.append(f"    - [{mark}] {d['definition']}: {vals}{at}")
+    lines.append("")
+    lines.append("== assumptions")
+    lines.extend(f"- {a}" for a in report["assumptions"])
+    return "\n".join(lines)
+
+
+def _claim_value(key: str, v) -> str:
+    if v is None:
+        return "n/a"
+    text = fmt_params(v) if v > 1e6 else f"{v:.3g}x"
+    return text if key == "-" else f"{text} @{tokens_label(int(key))}"
