@@ -1,0 +1,61 @@
+"""(d) SmolLM2-135M batch-1 decode tokens/s: flashlane vs llama.cpp (llama-cpp-python) on the same
+GGUF file. Skips cleanly (exit 0, JSON says why) when llama-cpp-python is not installed.
+
+    python benchmarks/vs_llamacpp.py --new-tokens 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from common import write_result
+
+from flashlane import LLM, SamplingParams
+from flashlane.models.registry import load_model
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--prompt", default="The three most important ideas in computer science are")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    loaded = load_model(args.model, dtype=args.dtype)
+    llm = LLM(loaded, dtype=args.dtype, num_threads=args.threads)
+    params = SamplingParams(max_tokens=args.new_tokens, temperature=0, ignore_eos=True)
+    llm.generate(args.prompt, SamplingParams(max_tokens=4))
+    out = llm.generate(args.prompt, params)[0]
+    m = out.metrics
+    decode_s = m.token_times[-1] - m.token_times[0]
+    result = {"model": args.model, "gguf": str(loaded.path), "dtype": args.dtype, "new_tokens": args.new_tokens,
+              "flashlane_decode_tok_s": (len(m.token_times) - 1) / decode_s,
+              "flashlane_ttft_s": m.first_token_time - m.arrival_time}
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        result["llama_cpp"] = "skipped: llama-cpp-python is not installed (pip install llama-cpp-python)"
+        write_result("vs_llamacpp", result, args.out)
+        return
+    lcpp = Llama(model_path=str(loaded.path), n_ctx=1024, n_threads=args.threads, verbose=False)
+    tokens = lcpp.tokenize(args.prompt.encode())
+    lcpp.eval(tokens)
+    t = time.perf_counter()
+    n = 0
+    for _ in lcpp.generate(tokens, top_k=1, temp=0.0, reset=True):
+        n += 1
+        if n == 1:
+            t_first = time.perf_counter()
+        if n >= args.new_tokens:
+            break
+    t_end = time.perf_counter()
+    result.update({"llama_cpp_decode_tok_s": (n - 1) / (t_end - t_first), "llama_cpp_ttft_s": t_first - t})
+    result["ratio_flashlane_over_llama_cpp"] = result["flashlane_decode_tok_s"] / result["llama_cpp_decode_tok_s"]
+    write_result("vs_llamacpp", result, args.out)
+
+
+if __name__ == "__main__":
+    main()
