@@ -1,0 +1,195 @@
+"""Llama-family decoder (SmolLM2 and friends) over flattened mixed batches and a paged KV pool.
+
+GQA attention with rotate-half RoPE; each layer packs ``[K | V]`` of every new token into its
+latent-pool row at ``batch.slot_mapping`` and attends over the sequence history gathered
+through ``batch.block_tables``. Parameter names follow the transformers in-memory state_dict.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ModelConfig
+from .forward_batch import ForwardBatch
+from .layers import MLP, RMSNorm
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    dim = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    s = cfg.rope_scaling
+    if s is None:
+        return inv
+    # llama3: long wavelengths slowed by `factor`, a smooth ramp between the two cut-offs
+    factor = float(s["factor"])
+    low, high = float(s["low_freq_factor"]), float(s["high_freq_factor"])
+    old = float(s.get("original_max_position_embeddings", cfg.max_position_embeddings))
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > old / low, inv / factor, inv)
+    smooth = (old / wavelen - low) / (high - low)
+    ramp = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old / high) & (wavelen <= old / low)
+    return torch.where(medium, ramp, scaled)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [N, heads, D]; cos/sin [N, D] already in x's dtype."""
+    return x * cos[:, None] + _rotate_half(x) * sin[:, None]
+
+
+@dataclass
+class _Group:
+    """Sequences attended together: their tokens padded to [B, Q], their history to [B, T]."""
+
+    tokens: torch.Tensor          # [B, Q] flat token index
+    rows: torch.Tensor            # [B, T] flat pool row of each history position
+    mask: torch.Tensor | None     # [B, 1, Q, T] bool, None = plain causal from position 0
+
+
+class AttentionPlan:
+    """Gather indices and masks of one forward, shared by all layers.
+
+    Decode tokens of all sequences form one group (one batched gather, length mask);
+    each prefill chunk is its own group so the [Q, T] score matrix is never padded up to
+    the longest chunk times the number of sequences.
+    """
+
+    def __init__(self, batch: ForwardBatch):
+        dev = batch.input_ids.device
+        page = batch.cache.spec.page_size
+        cu = [0]
+        for q in batch.q_lens:
+            cu.append(cu[-1] + q)
+        self.groups: list[_Group] = []
+        decode = [b for b, q in enumerate(batch.q_lens) if q == 1]
+        if decode:
+            idx = torch.tensor(decode, dtype=torch.long, device=dev)
+            t_max = max(batch.ctx_lens[b] for b in decode)
+            rows = self._rows(batch.block_tables[idx], t_max, page)
+            t = torch.arange(t_max, device=dev)
+            mask = (t[None, :] < batch.ctx_lens_t[idx][:, None])[:, None, None, :]
+            tokens = torch.tensor([cu[b] for b in decode], dtype=torch.long, device=dev)[:, None]
+            self.groups.append(_Group(tokens, rows, mask))
+        for b, q in enumerate(batch.q_lens):
+            if q <= 1:
+                continue
+            ctx, start = batch.ctx_lens[b], batch.ctx_lens[b] - q
+            rows = self._rows(batch.block_tables[b : b + 1], ctx, page)
+            tokens = torch.arange(cu[b], cu[b] + q, device=dev)[None]
+            mask = None
+            if start:
+                t = torch.arange(ctx, device=dev)
+                p = torch.arange(start, ctx, device=dev)
+                mask = (t[None, :] <= p[:, None])[None, None]
+            self.groups.append(_Group(tokens, rows, mask))
+
+    @staticmethod
+    def _rows(tables: torch.Tensor, length: int, page: int) -> torch.Tensor:
+        t = torch.arange(length, device=tables.device)
+        pages = tables.gather(1, (t // page).clamp(max=tables.shape[1] - 1).expand(tables.shape[0], -1))
+        return pages * page + t % page
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int):
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        bias = bool(cfg.raw.get("attention_bias", False))
+        qkv_bias = bias or cfg.raw.get("model_type") == "qwen2"  # qwen2: q/k/v biases, none on o
+        h = cfg.hidden_size
+        self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(h, self.num_kv * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(h, self.num_kv * self.head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=bias)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                batch: ForwardBatch, plan: AttentionPlan) -> torch.Tensor:
+        n, d = x.shape[0], self.head_dim
+        q = apply_rope(self.q_proj(x).view(n, self.num_heads, d), cos, sin)
+        k = apply_rope(self.k_proj(x).view(n, self.num_kv, d), cos, sin)
+        v = self.v_proj(x).view(n, self.num_kv, d)
+        pool = batch.cache.latent[batch.cache.spec.latent_row(self.layer_id)]
+        pool[batch.slot_mapping] = torch.cat((k.reshape(n, -1), v.reshape(n, -1)), -1).to(pool.dtype)
+        out = torch.empty_like(q)
+        for g in plan.groups:
+            bsz, qlen = g.tokens.shape
+            kv = pool[g.rows].to(q.dtype).view(bsz, g.rows.shape[1], 2, self.num_kv, d)
+            qg = q[g.tokens].transpose(1, 2)                     # [B, Hq, Q, D]
+            kg = kv[:, :, 0].transpose(1, 2)                     # [B, Hkv, T, D]
+            vg = kv[:, :, 1].transpose(1, 2)
+            o = F.scaled_dot_product_attention(
+                qg, kg, vg, attn_mask=g.mask, is_causal=g.mask is None and qlen > 1,
+                enable_gqa=self.num_kv != self.num_heads,
+            )
+            out[g.tokens.reshape(-1)] = o.transpose(1, 2).reshape(bsz * qlen, self.num_heads, d)
+        return self.o_proj(out.reshape(n, -1))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int):
+        super().__init__()
+        self.self_attn = LlamaAttention(cfg, layer_id)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+    def forward(self, h, cos, sin, batch, plan):
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, batch, plan)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, padding_idx=cfg.pad_token_id)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        h = self.embed_tokens(batch.input_ids)
+        freqs = batch.positions[:, None].float() * self.inv_freq.float()[None, :]
+        emb = torch.cat((freqs, freqs), -1)
+        cos, sin = emb.cos().to(h.dtype), emb.sin().to(h.dtype)
+        plan = AttentionPlan(batch)
+        for layer in self.layers:
+            h = layer(h, cos, sin, batch, plan)
+        return self.norm(h)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.arch != "llama":
+            raise ValueError(f"LlamaForCausalLM needs a llama config, got arch={cfg.arch!r}")
+        raw = cfg.raw
+        if raw.get("mlp_bias"):
+            raise ValueError("llama config field 'mlp_bias' = true is not supported")
+        if raw.get("sliding_window") is not None and raw.get("use_sliding_window", raw.get("model_type") == "mistral"):
+            raise ValueError("llama-family config field 'sliding_window' is not supported (full attention only)")
+        self.config = cfg
+        self.model = LlamaModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        return self.model(batch)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    def post_load(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
