@@ -1,0 +1,1 @@
+"""Benchmark harness: speaks only HTTP to an OpenAI-compatible server (never imports the engine)."""

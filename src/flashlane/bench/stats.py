@@ -1,0 +1,80 @@
+"""Descriptive statistics: percentiles by linear interpolation (NumPy default, Hyndman-Fan 7),
+duration-weighted means, and cluster bootstrap confidence intervals."""
+
+from __future__ import annotations
+
+import numpy as np
+
+PERCENTILES = (50, 75, 90, 95, 99)
+STAT_KEYS = ("n", "mean", "std", "min", "max") + tuple(f"p{p}" for p in PERCENTILES)
+
+
+def describe(values, unit: str | None = None) -> dict:
+    """n, mean, std (population, as vLLM), min, max, p50..p99; None entries when empty."""
+    a = np.asarray([v for v in values if v is not None], dtype=float)
+    out: dict = {"unit": unit} if unit else {}
+    out["n"] = int(a.size)
+    if a.size == 0:
+        out.update({k: None for k in STAT_KEYS[1:]})
+        return out
+    out.update(mean=float(a.mean()), std=float(a.std()), min=float(a.min()), max=float(a.max()))
+    for p, v in zip(PERCENTILES, np.percentile(a, PERCENTILES)):
+        out[f"p{p}"] = float(v)
+    return out
+
+
+def bootstrap_ci(clusters: list[list[float]], stat: str = "mean", n_boot: int = 1000,
+                 level: float = 0.95, seed: int = 0) -> dict | None:
+    """CI of `stat` ('mean' or 'pNN') over values, resampling whole clusters (sessions) with
+    replacement, since requests of one session are correlated."""
+    clusters = [np.asarray(c, dtype=float) for c in clusters if len(c)]
+    if len(clusters) < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    fn = _stat_fn(stat)
+    k = len(clusters)
+    sizes = np.array([c.size for c in clusters])
+    if np.all(sizes == 1):  # fast path: one value per cluster
+        flat = np.concatenate(clusters)
+        samples = flat[rng.integers(0, k, size=(n_boot, k))]
+        boots = np.array([fn(s) for s in samples])
+    else:
+        boots = np.array([fn(np.concatenate([clusters[i] for i in rng.integers(0, k, size=k)]))
+                          for _ in range(n_boot)])
+    lo, hi = np.percentile(boots, [(1 - level) / 2 * 100, (1 + level) / 2 * 100])
+    return {"stat": stat, "level": level, "low": float(lo), "high": float(hi),
+            "n_clusters": k, "n_boot": n_boot}
+
+
+def _stat_fn(stat: str):
+    if stat == "mean":
+        return np.mean
+    if stat.startswith("p") and stat[1:].isdigit():
+        q = int(stat[1:])
+        return lambda a: np.percentile(a, q)
+    raise ValueError(f"stat: expected 'mean' or 'pNN', got {stat!r}")
+
+
+def step_time_average(intervals: list[tuple[float, float]], t0: float, t1: float) -> float:
+    """Time-weighted average over [t0, t1] of the number of open intervals (in-flight count)."""
+    if t1 <= t0:
+        return 0.0
+    total = 0.0
+    for s, e in intervals:
+        total += max(0.0, min(e, t1) - max(s, t0))
+    return total / (t1 - t0)
+
+
+def in_flight_series(intervals: list[tuple[float, float]]) -> tuple[np.ndarray, np.ndarray]:
+    """Step function (times, counts) of how many intervals are open; count holds until next time."""
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals],
+                    key=lambda x: (x[0], x[1]))
+    times, counts, c = [], [], 0
+    for t, d in events:
+        c += d
+        if times and times[-1] == t:
+            counts[-1] = c
+        else:
+            times.append(t)
+            counts.append(c)
+    return np.asarray(times, dtype=float), np.asarray(counts, dtype=int)

@@ -1,0 +1,1 @@
+"""Workloads: every workload is a source of session trees in the AgentX trace model."""

@@ -1,0 +1,92 @@
+"""Argument parsing shared by `flashlane bench` and `flashlane compare`."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not vals or any(v < 1 for v in vals):
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return vals
+
+
+def float_list(text: str) -> list[float]:
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not vals or any(not v > 0 for v in vals):
+        raise argparse.ArgumentTypeError(f"expected numbers > 0, got {text!r}")
+    return vals
+
+
+def int_pair(text: str) -> tuple[int, int]:
+    parts = text.split(",")
+    try:
+        lo, hi = (int(parts[0]), int(parts[-1]))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or LO,HI, got {text!r}") from None
+    if len(parts) > 2 or lo < 1 or hi < lo:
+        raise argparse.ArgumentTypeError(f"expected N or LO,HI with 1 <= LO <= HI, got {text!r}")
+    return lo, hi
+
+
+def slo_dict(text: str) -> dict:
+    """'ttft=2,tpot=0.1,e2e=30' (seconds) -> {'ttft_s': 2.0, ...}."""
+    out = {}
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        k, _, v = part.partition("=")
+        k = k.strip().removesuffix("_s")
+        if k not in ("ttft", "tpot", "e2e") or not v:
+            raise argparse.ArgumentTypeError(f"slo: expected ttft=S,tpot=S,e2e=S, got {part!r}")
+        try:
+            out[f"{k}_s"] = float(v)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"slo: {k} needs a number of seconds, got {v!r}") from None
+    return out
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    """Options both commands share: workload shape, load, timing, telemetry, output."""
+    p.add_argument("--mode", choices=("recorded", "live"), default="recorded",
+                   help="recorded: fixed output lengths (ignore_eos); live: the server's own output fed back")
+    p.add_argument("--endpoint", choices=("chat", "completions"), default=None,
+                   help="default: chat for agentic/multiturn, completions for fixed")
+    p.add_argument("--tokenizer", default=None,
+                   help="tokenizer.json, a HF folder or a flashlane preset, for exact prompt lengths")
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-sessions", type=int, default=None,
+                   help="session trees (tasks) started from turn 0 per load point")
+    p.add_argument("--duration", type=float, default=None, help="profiling seconds per load point")
+    p.add_argument("--warmup", choices=("auto", "none", "tstar", "requests"), default="auto")
+    p.add_argument("--warmup-requests", type=int, default=None)
+    p.add_argument("--think-cap", type=float, default=10.0, help="cap on think/tool gaps (s)")
+    p.add_argument("--think-scale", type=float, default=1.0, help="multiply think/tool gaps")
+    p.add_argument("--slo", type=slo_dict, default={}, help="goodput SLOs, e.g. ttft=2,tpot=0.1,e2e=30")
+    p.add_argument("--max-error-rate", type=float, default=0.01)
+    p.add_argument("--request-timeout", type=float, default=600.0)
+    p.add_argument("--no-telemetry", action="store_true")
+    p.add_argument("--scrape-interval", type=float, default=1.0)
+    p.add_argument("--sample-interval", type=float, default=0.2)
+    p.add_argument("--idle-threshold", type=float, default=0.05)
+    p.add_argument("--min-gap", type=float, default=0.2)
+    p.add_argument("--no-progress", action="store_true")
+
+
+def common_kwargs(args) -> dict:
+    return dict(mode=args.mode, endpoint=args.endpoint, tokenizer=args.tokenizer,
+                temperature=args.temperature, seed=args.seed, num_sessions=args.num_sessions,
+                duration_s=args.duration, warmup=args.warmup, warmup_requests=args.warmup_requests,
+                think_cap_s=args.think_cap, think_scale=args.think_scale, slo=args.slo,
+                max_error_rate=args.max_error_rate, request_timeout_s=args.request_timeout,
+                telemetry=not args.no_telemetry, scrape_interval_s=args.scrape_interval,
+                sample_interval_s=args.sample_interval, idle_threshold=args.idle_threshold,
+                min_gap_s=args.min_gap, progress=not args.no_progress)
