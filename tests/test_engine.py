@@ -159,3 +159,12 @@ def test_bad_sampling_params_name_the_field():
             SamplingParams(**kwargs)
     with pytest.raises(TypeError, match="unknown engine argument"):
         LLM(tiny_llama(), dtype="float32", not_an_arg=1)
+
+
+@pytest.mark.slow
+def test_compiled_kernels_give_the_same_tokens():
+    m = preset("tiny-flash")
+    prompts = random_prompts(4, 5, 80, 4000, seed=6)
+    eager = LLM(m, dtype="float32").generate(prompts, GREEDY)
+    compiled = LLM(m, dtype="float32", compile=True).generate(prompts, GREEDY)
+    assert [o.token_ids for o in compiled] == [o.token_ids for o in eager]

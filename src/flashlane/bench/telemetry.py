@@ -53,17 +53,18 @@ def find_local_server_pid(base_url: str) -> int | None:
 
 
 class _ProcTree:
-    def __init__(self, pid: int):
+    def __init__(self, pid: int, children: bool = True):
         import psutil
         self.psutil = psutil
         self.root = psutil.Process(pid)
+        self.children = children
         self.known: dict[int, object] = {}
 
     def sample(self) -> tuple[float, float] | None:
         """(cpu percent summed over the tree, rss bytes); None once the process is gone."""
         ps = self.psutil
         try:
-            procs = [self.root] + self.root.children(recursive=True)
+            procs = [self.root] + (self.root.children(recursive=True) if self.children else [])
         except ps.Error:
             return None
         cpu, rss = 0.0, 0.0
@@ -128,7 +129,8 @@ class Telemetry:
             except Exception:
                 self.proc = None
         try:
-            self.me = _ProcTree(os.getpid())
+            # the client alone: servers this process launched (compare, tests) are its children
+            self.me = _ProcTree(os.getpid(), children=False)
         except Exception:
             self.me = None
         self._stop = asyncio.Event()

@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import queue
 import threading
+import time
 from typing import AsyncIterator
 
 from .llm_engine import LLMEngine
@@ -43,10 +44,9 @@ class AsyncEngine:
         if self._thread is None:
             return
         done = self._call(self._abort_all)
-        try:
-            done.result(timeout)
-        except Exception:
-            pass
+        deadline = time.monotonic() + timeout
+        while self.error is None and not done.done() and time.monotonic() < deadline:
+            concurrent.futures.wait([done], timeout=0.05)  # a crashed thread would never answer
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout)
@@ -72,8 +72,10 @@ class AsyncEngine:
         self._streams[request_id] = (loop, q)
         try:
             await asyncio.wrap_future(self._call(self.engine.add_request, request_id, prompt, params))
-        except BaseException:
+        except BaseException as exc:
             self._streams.pop(request_id, None)
+            if not isinstance(exc, Exception):  # cancelled while the add may have gone through
+                self._call(self.engine.abort, request_id)
             raise
         finished = False
         try:
@@ -95,6 +97,16 @@ class AsyncEngine:
 
     def stats(self) -> dict:
         return self.engine.stats()
+
+    async def stats_snapshot(self, timeout: float = 5.0) -> dict:
+        """stats() plus finish reasons, taken on the stepping thread between two steps (so the
+        numbers agree with each other); read directly when the thread is not running."""
+        if not self.alive:
+            return self._snapshot()
+        return await asyncio.wait_for(asyncio.wrap_future(self._call(self._snapshot)), timeout)
+
+    def _snapshot(self) -> dict:
+        return {**self.engine.stats(), "finish_reasons": dict(self.engine.finish_reasons)}
 
     # ---- the stepping thread -----------------------------------------------------------------
     def _call(self, fn, *args) -> concurrent.futures.Future:
@@ -123,6 +135,8 @@ class AsyncEngine:
                         fn, args, fut = self._commands.get_nowait()
                     except queue.Empty:
                         break
+                    if not fut.set_running_or_notify_cancel():
+                        continue  # the caller gave up before it ran (e.g. a cancelled add)
                     try:
                         fut.set_result(fn(*args))
                     except Exception as exc:  # reported to the caller, engine keeps going

@@ -19,6 +19,7 @@ class EngineArgs:
     max_wait_ms: float = 0.0             # dynamic batching window; 0 = off
     max_model_len: int | None = None     # default: the model's max_position_embeddings
     num_threads: int | None = None       # torch intra-op threads (CPU)
+    compile: bool = False                # torch.compile the models' dispatch-bound kernels
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineArgs":

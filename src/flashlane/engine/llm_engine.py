@@ -35,6 +35,15 @@ class StepStat:
     slots_used: int
 
 
+def _stop_prefix_len(text: str, start: int, stops: list[str]) -> int:
+    """Length of the longest tail of ``text[start:]`` that is a proper prefix of a stop string."""
+    for n in range(min(len(text) - start, max(len(s) for s in stops) - 1), 0, -1):
+        tail = text[len(text) - n:]
+        if any(s.startswith(tail) for s in stops):
+            return n
+    return 0
+
+
 class LLMEngine:
     def __init__(self, model, **engine_args):
         args = EngineArgs.from_kwargs(**engine_args)
@@ -47,6 +56,8 @@ class LLMEngine:
             model = load_model(model, dtype=args.dtype, seed=args.seed, device=args.device)
         self.loaded = model
         self.model = model.model
+        if hasattr(self.model, "set_compile"):
+            self.model.set_compile(args.compile)
         self.config = model.config
         self.tokenizer = model.tokenizer
         self.model_name = model.name
@@ -174,18 +185,21 @@ class LLMEngine:
         delta = self._detok[req.request_id].step(req.output_token_ids, final=reason is not None)
         if token in req.stop_token_ids:
             delta = ""  # the stop token's own text is not part of the completion (vLLM)
-        if req.params.stop and delta:
+        if req.params.stop and (delta or req.held):
             before = len(req.text)
-            text = req.text + delta
+            text = req.text + req.held + delta
             horizon = max(0, before - max(len(s) for s in req.params.stop) + 1)
             hits = [(text.find(s, horizon), s) for s in req.params.stop]
             hits = [(i, s) for i, s in hits if i >= 0]
             if hits:
                 i, s = min(hits)
                 delta = text[before:i] if i >= before else ""
-                req.text = text[:i]
+                req.text, req.held = text[:i], ""
                 reason, stop = "stop", s
                 return self._finish(req, reason, now, stop, delta, [token])
+            # a streamed delta cannot be taken back: hold a tail that may still grow into a stop
+            hold = 0 if reason is not None else _stop_prefix_len(text, before, req.params.stop)
+            delta, req.held = text[before:len(text) - hold], text[len(text) - hold:]
         req.text += delta
         if reason is not None:
             return self._finish(req, reason, now, stop, delta, [token])

@@ -62,6 +62,7 @@ class Request:
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)
         self.text = ""                        # detokenised output (set by the engine)
+        self.held = ""                        # text that may begin a stop string: not sent yet
         self.metrics = RequestMetrics(arrival_time if arrival_time is not None else time.monotonic())
 
     @property

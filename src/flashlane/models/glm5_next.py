@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
+from ..kernels.compiled import compiled
 from ..kernels.mhc import hc_post, hc_pre
 from .dsa_attention import DSAAttention
 from .forward_batch import ForwardBatch
@@ -32,10 +33,11 @@ class HyperConnection(nn.Module):
         self.base = nn.Parameter(torch.zeros((2 + n) * n))
         self.scale = nn.Parameter(torch.ones(3))
         self.norm_eps, self.hc_eps, self.iters = cfg.rms_norm_eps, cfg.hc_eps, cfg.hc_sinkhorn_iters
+        self.pre_fn = hc_pre
 
     def forward(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """streams [N, n, H] -> (sublayer input [N, H], post [N, n], comb [N, n, n])."""
-        return hc_pre(streams, self.fn, self.base, self.scale, norm_eps=self.norm_eps,
+        return self.pre_fn(streams, self.fn, self.base, self.scale, norm_eps=self.norm_eps,
                       hc_eps=self.hc_eps, sinkhorn_iters=self.iters)
 
 
@@ -54,6 +56,7 @@ class Glm5NextDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.attn_hc = HyperConnection(cfg)
         self.ffn_hc = HyperConnection(cfg)
+        self.post_fn = hc_post
 
     def forward(self, streams: torch.Tensor, batch: ForwardBatch, selection: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -65,9 +68,9 @@ class Glm5NextDecoderLayer(nn.Module):
             y, selection = self.self_attn(h, batch), None
         else:
             y, selection = self.self_attn(h, batch, selection)
-        streams = hc_post(y, streams, post, comb)
+        streams = self.post_fn(y, streams, post, comb)
         u, post, comb = self.ffn_hc(streams)
-        streams = hc_post(self.mlp(self.post_attention_layernorm(u)), streams, post, comb)
+        streams = self.post_fn(self.mlp(self.post_attention_layernorm(u)), streams, post, comb)
         return streams, selection
 
 
@@ -155,6 +158,14 @@ class Glm5NextForCausalLM(nn.Module):
 
     def post_load(self) -> None:
         """Nothing derived: the absorbed MLA projections are views of ``kv_b_proj``."""
+
+    def set_compile(self, on: bool) -> None:
+        """Run the mHC pre/post math through torch.compile or eagerly (see kernels/compiled.py)."""
+        for m in self.modules():
+            if isinstance(m, HyperConnection):
+                m.pre_fn = compiled(hc_pre) if on else hc_pre
+            elif isinstance(m, Glm5NextDecoderLayer):
+                m.post_fn = compiled(hc_post) if on else hc_post
 
 
 __all__ = ["Glm5NextForCausalLM", "Glm5NextDecoderLayer", "Glm5NextMTPLayer", "HyperConnection"]

@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP server (FastAPI): `create_app(engine, ...)` in app.py."""

@@ -1,0 +1,114 @@
+"""POST /v1/completions: prompts (text or token ids, one or a batch) x n choices."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from contextlib import aclosing
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from .context import ServerContext
+from .disconnect import ClientDisconnected, EventStream, cancel_on_disconnect
+from .errors import bad_request
+from .jobs import Job, collect, run_jobs
+from .logprobs import TokenText, completion_logprobs, new_entries
+from .protocol import CompletionRequest
+from .serving import check_not_aborted, engine_errors, stream_error, usage
+from .streaming import DONE, sse
+
+
+def _prompts(prompt) -> list:
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt[0], int):
+        return [prompt]
+    return list(prompt)
+
+
+async def build_jobs(ctx: ServerContext, body: CompletionRequest) -> tuple[list[Job], list[int]]:
+    if body.echo:
+        raise bad_request("'echo' is not supported", "echo")
+    if body.suffix:
+        raise bad_request("'suffix' is not supported", "suffix")
+    if body.best_of is not None and body.best_of != body.n:
+        raise bad_request("'best_of' must equal 'n' (ranking by best_of is not supported)", "best_of")
+    ids = [await ctx.prompt_ids(p, "prompt") for p in _prompts(body.prompt)]
+    jobs = []
+    for pi, p in enumerate(ids):
+        for i in range(body.n):
+            seed = None if body.seed is None else body.seed + i
+            params = ctx.sampling_params(body, len(p), body.max_tokens or 16, body.logprobs, seed)
+            jobs.append(Job(len(jobs), pi, p, params))
+    return jobs, [len(p) for p in ids]
+
+
+async def create_completion(ctx: ServerContext, body: CompletionRequest, request: Request) -> Response:
+    ctx.check_model(body.model)
+    ctx.check_alive()
+    jobs, prompt_lens = await build_jobs(ctx, body)
+    ticket = ctx.admission.admit(len(jobs))
+    rid = f"cmpl-{uuid.uuid4().hex}"
+    if body.stream:
+        return EventStream(_stream(ctx, rid, body, jobs, prompt_lens), ticket.release)
+    try:
+        with engine_errors():
+            finals = await cancel_on_disconnect(request, collect(ctx.engine, rid, jobs, ctx.metrics))
+    except ClientDisconnected:
+        return Response(status_code=499)
+    finally:
+        ticket.release()
+    check_not_aborted(finals)
+    text_of = TokenText(ctx.tokenizer)
+    choices = []
+    for job, out in zip(jobs, finals):
+        lp = None
+        if body.logprobs is not None:
+            lp = completion_logprobs(text_of, out.token_ids, out.logprobs or [], body.logprobs)
+        choices.append({"index": job.index, "text": out.text, "logprobs": lp,
+                        "finish_reason": out.finish_reason, "stop_reason": out.stop_reason})
+    cached = sum(o.num_cached_tokens for j, o in zip(jobs, finals) if j.index % body.n == 0)
+    return JSONResponse({
+        "id": rid, "object": "text_completion", "created": int(time.time()), "model": ctx.served_model_name,
+        "choices": choices, "usage": usage(prompt_lens, sum(len(o.token_ids) for o in finals), cached),
+    })
+
+
+async def _stream(ctx: ServerContext, rid: str, body: CompletionRequest, jobs: list[Job], prompt_lens: list[int]):
+    opts = body.stream_options
+    include_usage = bool(opts and opts.include_usage)
+    continuous = include_usage and opts.continuous_usage_stats
+    text_of = TokenText(ctx.tokenizer)
+    created = int(time.time())
+    offsets = [0] * len(jobs)
+    produced = [0] * len(jobs)
+    cached = 0
+    try:
+        async with aclosing(run_jobs(ctx.engine, rid, jobs, ctx.metrics)) as outs:
+            async for job, out in outs:
+                produced[job.index] = len(out.token_ids)
+                lp = None
+                if body.logprobs is not None:
+                    toks, entries = new_entries(out)
+                    lp = completion_logprobs(text_of, toks, entries, body.logprobs, offsets[job.index])
+                    offsets[job.index] += sum(len(t) for t in lp["tokens"])
+                if not (out.delta_text or out.finished or lp):
+                    continue
+                if out.finished and job.index % body.n == 0:
+                    cached += out.num_cached_tokens
+                chunk = {"id": rid, "object": "text_completion", "created": created,
+                         "model": ctx.served_model_name,
+                         "choices": [{"index": job.index, "text": out.delta_text, "logprobs": lp,
+                                      "finish_reason": out.finish_reason if out.finished else None,
+                                      "stop_reason": out.stop_reason if out.finished else None}]}
+                if include_usage:
+                    chunk["usage"] = usage(prompt_lens, sum(produced), cached) if continuous else None
+                yield sse(chunk)
+    except Exception as exc:
+        yield stream_error(exc)
+        return
+    if include_usage:
+        yield sse({"id": rid, "object": "text_completion", "created": created, "model": ctx.served_model_name,
+                   "choices": [], "usage": usage(prompt_lens, sum(produced), cached)})
+    yield DONE

@@ -1,0 +1,103 @@
+"""Prometheus metrics, one registry per app, named like vLLM's with a ``flashlane:`` prefix.
+
+Latency histograms are observed by the server as requests finish; everything the engine owns
+(running/waiting, pages, state slots, preemptions, token and finish-reason counters) is read
+from an engine snapshot at scrape time, so the numbers cannot drift from the engine's truth
+(an aborted request, for instance, is counted by the engine whoever aborted it).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+FINISH_REASONS = ("stop", "length", "abort")
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
+                0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str):
+        self.model_name = model_name
+        self.registry = CollectorRegistry()
+        r, m = self.registry, ["model_name"]
+        self.http_responses = Counter("flashlane:http_requests", "HTTP responses by status code",
+                                      ["status"], registry=r)
+        self.ttft = Histogram("flashlane:time_to_first_token_seconds", "Time to first token (engine arrival "
+                              "to first sampled token)", m, buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("flashlane:inter_token_latency_seconds", "Time between consecutive output tokens",
+                             m, buckets=_ITL_BUCKETS, registry=r)
+        self.e2e = Histogram("flashlane:e2e_request_latency_seconds", "Engine arrival to the last token",
+                             m, buckets=_LATENCY_BUCKETS, registry=r)
+        self._snapshot: dict = {}
+        r.register(_EngineCollector(self))
+
+    def observe_finished(self, metrics) -> None:
+        """Latencies of a request that finished normally (``RequestMetrics``)."""
+        if metrics is None:
+            return
+        if metrics.ttft is not None:
+            self.ttft.labels(self.model_name).observe(max(metrics.ttft, 0.0))
+        times = metrics.token_times
+        itl = self.itl.labels(self.model_name)
+        for a, b in zip(times, times[1:]):
+            itl.observe(max(b - a, 0.0))
+        if metrics.e2e is not None:
+            self.e2e.labels(self.model_name).observe(max(metrics.e2e, 0.0))
+
+    def count_response(self, status: int) -> None:
+        self.http_responses.labels(str(status)).inc()
+
+    def render(self, snapshot: dict) -> bytes:
+        self._snapshot = snapshot
+        return generate_latest(self.registry)
+
+
+class _EngineCollector:
+    """Reads the snapshot handed to ``render`` (engine.stats_snapshot())."""
+
+    def __init__(self, owner: ServerMetrics):
+        self.owner = owner
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        s, name = self.owner._snapshot, self.owner.model_name
+
+        def gauge(metric: str, doc: str, value) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(metric, doc, labels=["model_name"])
+            g.add_metric([name], float(value))
+            return g
+
+        def counter(metric: str, doc: str, value) -> CounterMetricFamily:
+            c = CounterMetricFamily(metric, doc, labels=["model_name"])
+            c.add_metric([name], float(value))
+            return c
+
+        if not s:
+            return
+        yield gauge("flashlane:num_requests_running", "Requests holding cache and being stepped", s["running"])
+        yield gauge("flashlane:num_requests_waiting", "Requests queued for admission", s["waiting"])
+        yield gauge("flashlane:cache_pages_used", "KV/latent cache pages in use", s["pages_used"])
+        yield gauge("flashlane:cache_pages_free", "KV/latent cache pages free", s["pages_free"])
+        yield gauge("flashlane:kv_cache_usage_perc", "Fraction of cache pages in use (1 = full)",
+                    s["pages_used"] / s["pages_total"] if s["pages_total"] else 0.0)
+        yield gauge("flashlane:state_slots_used", "Per-sequence state slots (KDA state, indexer tail) in use",
+                    s["slots_used"])
+        yield gauge("flashlane:state_slots_free", "Per-sequence state slots free", s["slots_free"])
+        yield counter("flashlane:num_preemptions", "Requests preempted (recomputed) for lack of cache",
+                      s["preemptions"])
+        yield counter("flashlane:prompt_tokens", "Prefill tokens computed (recomputation after preemption "
+                      "included)", s.get("tokens_prompt_tokens", 0))
+        yield counter("flashlane:generation_tokens", "Tokens generated", s.get("tokens_generation_tokens", 0))
+        reasons = s.get("finish_reasons", {})
+        c = CounterMetricFamily("flashlane:request_success", "Finished requests by finish reason",
+                                labels=["model_name", "finished_reason"])
+        for reason in sorted(set(FINISH_REASONS) | set(reasons)):
+            c.add_metric([name, reason], float(reasons.get(reason, 0)))
+        yield c

@@ -1,0 +1,107 @@
+"""Run the flashlane app under a real uvicorn on 127.0.0.1 (a background thread) for tests."""
+
+from __future__ import annotations
+
+import re
+import socket
+import threading
+import time
+
+import httpx
+import uvicorn
+
+from flashlane.engine.async_engine import AsyncEngine
+from flashlane.server.app import create_app
+
+# small pools: every test server allocates its own cache
+ENGINE_ARGS = dict(dtype="float32", cache_memory=48 << 20, max_model_len=512)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    def __init__(self, loaded, served_model_name: str = "tiny-flash", api_key: str | None = None,
+                 max_queue: int | None = None, max_body_bytes: int | None = None, graceful_s: float = 5.0,
+                 **engine_args):
+        self.engine = AsyncEngine(loaded, **{**ENGINE_ARGS, **engine_args})
+        kw = {} if max_body_bytes is None else {"max_body_bytes": max_body_bytes}
+        self.app = create_app(self.engine, served_model_name, api_key=api_key, max_queue=max_queue, **kw)
+        self.model = served_model_name
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.api_key = api_key
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    timeout_graceful_shutdown=graceful_s, access_log=False))
+        self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
+
+    def __enter__(self) -> "LiveServer":
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self, timeout: float = 60) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def client(self, **kw) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers=self.headers, timeout=300, **kw)
+
+    def metrics(self) -> dict[str, float]:
+        """Scrape /metrics into {'name{labels}': value} (labels kept as written)."""
+        text = httpx.get(self.url + "/metrics", headers=self.headers, timeout=60).text
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                key, value = line.rsplit(" ", 1)
+                out[key] = float(value)
+        return out
+
+    def gauge(self, name: str) -> float:
+        return metric(self.metrics(), name)
+
+    def wait_idle(self, timeout: float = 30.0) -> dict[str, float]:
+        """Poll /metrics until nothing runs or waits and no page or slot is held."""
+        deadline = time.monotonic() + timeout
+        while True:
+            m = self.metrics()
+            busy = {k: metric(m, k) for k in IDLE_ZERO if metric(m, k)}
+            if not busy:
+                return m
+            if time.monotonic() > deadline:
+                raise AssertionError(f"server not idle after {timeout}s: {busy}")
+            time.sleep(0.05)
+
+
+IDLE_ZERO = ("flashlane:num_requests_running", "flashlane:num_requests_waiting",
+             "flashlane:cache_pages_used", "flashlane:state_slots_used")
+
+
+def metric(scraped: dict[str, float], name: str, **labels) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels``."""
+    total, found = 0.0, False
+    for key, value in scraped.items():
+        base, _, rest = key.partition("{")
+        if base != name:
+            continue
+        have = dict(re.findall(r'(\w+)="([^"]*)"', rest))
+        if all(have.get(k) == str(v) for k, v in labels.items()):
+            total += value
+            found = True
+    if not found:
+        raise KeyError(f"metric {name}{labels or ''} not exported")
+    return total
