@@ -36,7 +36,7 @@ def run(args) -> int:
     app = create_app(engine, served_model_name=args.served_model_name or args.model, api_key=args.api_key,
                      max_queue=args.max_queue, max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES)
     print(f"flashlane: serving {engine.engine.model_name} as {args.served_model_name or args.model!r} "
-          f"on http://{args.host}:{args.port}", flush=True)
+          f"on http://{args.host}:{args.port}\nflashlane: {engine.engine.describe_cache()}", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower(),
                 timeout_graceful_shutdown=args.shutdown_timeout, access_log=False)
     return 0

@@ -86,7 +86,15 @@ class LLMEngine:
             "index_bytes_per_token": spec.index_bytes_per_token(self._dtype_name()),
             "max_running": max_running, "max_model_len": self.max_model_len,
         }
-        log.info("cache: %s", self.startup)
+        log.info(self.describe_cache())
+
+    def describe_cache(self) -> str:
+        """One line for the startup log: what the pre-allocated pools hold and allow."""
+        s = self.startup
+        return (f"cache {s['cache_bytes'] / 2**20:.1f} MiB {s['dtype']}: {s['num_pages']} pages x {s['page_size']} "
+                f"= {s['num_tokens']} tokens ({s['latent_bytes_per_token']} B/token latent + "
+                f"{s['index_bytes_per_token']:g} B/token index keys), {s['num_state_slots']} state slots "
+                f"x {s['bytes_per_slot']} B; max_running={s['max_running']}, max_model_len={s['max_model_len']}")
 
     def _dtype_name(self) -> str:
         return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[self.dtype]
