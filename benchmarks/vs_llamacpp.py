@@ -24,16 +24,17 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out")
     args = ap.parse_args()
-    loaded = load_model(args.model, dtype=args.dtype)
-    llm = LLM(loaded, dtype=args.dtype, num_threads=args.threads)
     params = SamplingParams(max_tokens=args.new_tokens, temperature=0, ignore_eos=True)
-    llm.generate(args.prompt, SamplingParams(max_tokens=4))
-    out = llm.generate(args.prompt, params)[0]
-    m = out.metrics
-    decode_s = m.token_times[-1] - m.token_times[0]
-    result = {"model": args.model, "gguf": str(loaded.path), "dtype": args.dtype, "new_tokens": args.new_tokens,
-              "flashlane_decode_tok_s": (len(m.token_times) - 1) / decode_s,
-              "flashlane_ttft_s": m.first_token_time - m.arrival_time}
+    result = {"model": args.model, "dtype": args.dtype, "new_tokens": args.new_tokens}
+    for quant in (None, "int8"):
+        loaded = load_model(args.model, dtype=args.dtype)
+        llm = LLM(loaded, dtype=args.dtype, num_threads=args.threads, quantization=quant)
+        llm.generate(args.prompt, SamplingParams(max_tokens=4))
+        m = llm.generate(args.prompt, params)[0].metrics
+        key = "flashlane" if quant is None else f"flashlane_{quant}"
+        result[f"{key}_decode_tok_s"] = (len(m.token_times) - 1) / (m.token_times[-1] - m.token_times[0])
+        result[f"{key}_ttft_s"] = m.first_token_time - m.arrival_time
+    result["gguf"] = str(loaded.path)
     try:
         from llama_cpp import Llama
     except ImportError:
@@ -53,7 +54,8 @@ def main() -> None:
             break
     t_end = time.perf_counter()
     result.update({"llama_cpp_decode_tok_s": (n - 1) / (t_end - t_first), "llama_cpp_ttft_s": t_first - t})
-    result["ratio_flashlane_over_llama_cpp"] = result["flashlane_decode_tok_s"] / result["llama_cpp_decode_tok_s"]
+    for key in ("flashlane", "flashlane_int8"):
+        result[f"ratio_{key}_over_llama_cpp"] = result[f"{key}_decode_tok_s"] / result["llama_cpp_decode_tok_s"]
     write_result("vs_llamacpp", result, args.out)
 
 

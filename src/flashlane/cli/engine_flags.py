@@ -26,10 +26,12 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-wait-ms", type=float, default=d.max_wait_ms, help="dynamic batching window")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--quantization", choices=["int8"], default=None,
+                   help="weight-only int8 linear layers (faster small-batch decode on CPU)")
     p.add_argument("--compile", action="store_true", help="torch.compile dispatch-bound kernels (slower start)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
     return {k: getattr(args, k) for k in (
         "dtype", "seed", "page_size", "max_num_seqs", "max_num_batched_tokens", "cache_memory",
-        "num_pages", "num_slots", "max_wait_ms", "max_model_len", "num_threads", "compile")}
+        "num_pages", "num_slots", "max_wait_ms", "max_model_len", "num_threads", "compile", "quantization")}

@@ -20,6 +20,7 @@ class EngineArgs:
     max_model_len: int | None = None     # default: the model's max_position_embeddings
     num_threads: int | None = None       # torch intra-op threads (CPU)
     compile: bool = False                # torch.compile the models' dispatch-bound kernels
+    quantization: str | None = None      # "int8": weight-only int8 linears (modifies the model in place)
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineArgs":
@@ -35,5 +36,7 @@ class EngineArgs:
         for name in ("page_size", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.quantization not in (None, "int8"):
+            raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}")
         if self.max_wait_ms < 0:
             raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from ..cache_spec import cache_spec, chunk_multiple
+from ..models.quantize import quantize_model
 from .cache.manager import CacheManager, plan_cache
 from .detokenizer import IncrementalDetokenizer
 from .engine_args import EngineArgs
@@ -44,6 +45,10 @@ def _stop_prefix_len(text: str, start: int, stops: list[str]) -> int:
     return 0
 
 
+def _embedding_name(model) -> str:
+    return next(name for name, m in model.named_modules() if isinstance(m, torch.nn.Embedding))
+
+
 class LLMEngine:
     def __init__(self, model, **engine_args):
         args = EngineArgs.from_kwargs(**engine_args)
@@ -56,12 +61,14 @@ class LLMEngine:
             model = load_model(model, dtype=args.dtype, seed=args.seed, device=args.device)
         self.loaded = model
         self.model = model.model
+        if args.quantization:
+            quantize_model(self.model, args.quantization)
         if hasattr(self.model, "set_compile"):
             self.model.set_compile(args.compile)
         self.config = model.config
         self.tokenizer = model.tokenizer
         self.model_name = model.name
-        self.dtype = next(self.model.parameters()).dtype
+        self.dtype = self.model.get_submodule(_embedding_name(self.model)).weight.dtype
         spec = cache_spec(self.config, args.page_size)
         plan = plan_cache(spec, self.dtype, args.cache_memory, args.max_num_seqs,
                           args.num_pages, args.num_slots, args.device)
