@@ -28,8 +28,9 @@ def test_quantize_model_swaps_linears_and_rejects_unknown_methods():
     import copy
     m = copy.deepcopy(m)
     n = quantize_model(m, "int8")
-    assert n == 2 * 7 and isinstance(m.model.layers[0].self_attn.q_proj, Int8Linear)
-    assert isinstance(m.lm_head, torch.nn.Linear)                  # the head stays full precision
+    assert n == 2 * 7 + 1 and isinstance(m.model.layers[0].self_attn.q_proj, Int8Linear)
+    assert isinstance(m.lm_head, Int8Linear)          # the head too: for SmolLM2 it is 21% of the bytes
+    assert m.model.embed_tokens.weight.dtype == torch.float32
     with pytest.raises(ValueError, match="quantization"):
         quantize_model(m, "int3")
 

@@ -25,7 +25,7 @@ class Int8Linear(nn.Module):
         return int8_linear(x, self.qweight, self.scale, self.bias)
 
 
-def quantize_model(model: nn.Module, method: str, skip: tuple[str, ...] = ("lm_head",)) -> int:
+def quantize_model(model: nn.Module, method: str, skip: tuple[str, ...] = ()) -> int:
     """Replace every nn.Linear (except names containing ``skip``) in place; returns how many."""
     if method not in METHODS:
         raise ValueError(f"quantization must be one of {', '.join(METHODS)}, got {method!r}")
