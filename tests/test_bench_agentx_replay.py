@@ -1,12 +1,14 @@
 """The AgentX sample trace replays with its turn structure: sub-agent spawned after the first
 turn, the parent's next turn joined on it, think gaps honoured (end-to-start, scaled)."""
 
+from pathlib import Path
+
 import pytest
 
 from bench_checks import check_run
 from flashlane.bench.runner import BenchConfig, run_bench
 
-SAMPLE = "/work/shared/data/agentx-sample-trace.json"
+SAMPLE = str(Path(__file__).parent / "data" / "agentx-sample-trace.json")
 SCALE = 0.2
 EARLY, LATE = 0.005, 0.25  # a gap may not start early; lateness = scheduling + a loaded CPU
 

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 
@@ -9,7 +10,7 @@ from flashlane.bench.workloads.multiturn import MultiTurnSpec, multiturn_source
 from flashlane.bench.workloads.source import cycling_draw
 from flashlane.bench.workloads.trace_import import TraceError, load_traces, parse_agentx
 
-SAMPLE = "/work/shared/data/agentx-sample-trace.json"
+SAMPLE = str(Path(__file__).parent / "data" / "agentx-sample-trace.json")
 
 
 def test_agentx_sample_turn_structure_join_and_think_times():
