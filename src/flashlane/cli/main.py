@@ -19,7 +19,8 @@ COMMANDS = {
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """``only``: import just that command's module (so `flashlane analyze` never loads torch)."""
-    parser = argparse.ArgumentParser(prog="flashlane", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="flashlane", description="Serve, benchmark, explain and compare hybrid sparse/linear-attention MoE models.")
     parser.add_argument("--log-level", default="WARNING", help="logging level (DEBUG, INFO, WARNING)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in COMMANDS.items():
