@@ -10,7 +10,6 @@ import argparse
 import collections
 import time
 
-import torch
 from common import write_result
 from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode

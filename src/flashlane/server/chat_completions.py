@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import uuid
 from contextlib import aclosing
 
 from fastapi import Request
@@ -11,11 +10,10 @@ from fastapi.responses import JSONResponse, Response
 
 from .chat import render_chat
 from .context import ServerContext
-from .disconnect import ClientDisconnected, EventStream, cancel_on_disconnect
-from .jobs import Job, collect, run_jobs
+from .jobs import Job, run_jobs
 from .logprobs import TokenText, chat_logprobs, new_entries
 from .protocol import ChatCompletionRequest
-from .serving import check_not_aborted, engine_errors, stream_error, usage
+from .serving import Finished, generate, stream_error, usage
 from .streaming import DONE, sse
 
 
@@ -32,21 +30,10 @@ async def build_jobs(ctx: ServerContext, body: ChatCompletionRequest) -> tuple[l
 
 
 async def create_chat_completion(ctx: ServerContext, body: ChatCompletionRequest, request: Request) -> Response:
-    ctx.check_model(body.model)
-    ctx.check_alive()
-    jobs, prompt_lens = await build_jobs(ctx, body)
-    ticket = ctx.admission.admit(len(jobs))
-    rid = f"chatcmpl-{uuid.uuid4().hex}"
-    if body.stream:
-        return EventStream(_stream(ctx, rid, body, jobs, prompt_lens), ticket.release)
-    try:
-        with engine_errors():
-            finals = await cancel_on_disconnect(request, collect(ctx.engine, rid, jobs, ctx.metrics))
-    except ClientDisconnected:
-        return Response(status_code=499)
-    finally:
-        ticket.release()
-    check_not_aborted(finals)
+    done = await generate(ctx, body, request, build_jobs, "chatcmpl", _stream)
+    if not isinstance(done, Finished):
+        return done
+    rid, jobs, prompt_lens, finals = done.rid, done.jobs, done.prompt_lens, done.finals
     text_of = TokenText(ctx.tokenizer)
     top = body.top_logprobs or 0
     choices = []

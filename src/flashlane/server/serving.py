@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from contextlib import contextmanager
+from dataclasses import dataclass
+
+from fastapi.responses import Response
 
 from ..engine.async_engine import EngineDeadError
+from ..engine.outputs import RequestOutput
+from .disconnect import ClientDisconnected, EventStream, cancel_on_disconnect
 from .errors import APIError, error_body
+from .jobs import Job, collect
 from .streaming import DONE, sse
 
 log = logging.getLogger("flashlane.server")
@@ -50,3 +57,34 @@ def check_not_aborted(finals) -> None:
     the server is shutting down)."""
     if any(o is None or o.finish_reason == "abort" for o in finals):
         raise APIError(503, "the request was aborted: the server is shutting down")
+
+
+@dataclass
+class Finished:
+    """A non-streaming generation that ran to the end: one final output per job."""
+
+    rid: str
+    jobs: list[Job]
+    prompt_lens: list[int]
+    finals: list[RequestOutput]
+
+
+async def generate(ctx, body, request, build_jobs, id_prefix: str, stream) -> Finished | Response:
+    """The front half both endpoints share: validate, admit, then stream (``stream(ctx, rid,
+    body, jobs, prompt_lens)`` as SSE) or collect every job, aborting if the client leaves."""
+    ctx.check_model(body.model)
+    ctx.check_alive()
+    jobs, prompt_lens = await build_jobs(ctx, body)
+    ticket = ctx.admission.admit(len(jobs))
+    rid = f"{id_prefix}-{uuid.uuid4().hex}"
+    if body.stream:
+        return EventStream(stream(ctx, rid, body, jobs, prompt_lens), ticket.release)
+    try:
+        with engine_errors():
+            finals = await cancel_on_disconnect(request, collect(ctx.engine, rid, jobs, ctx.metrics))
+    except ClientDisconnected:
+        return Response(status_code=499)
+    finally:
+        ticket.release()
+    check_not_aborted(finals)
+    return Finished(rid, jobs, prompt_lens, finals)
