@@ -124,14 +124,16 @@ def kda_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
         qc, kc, vc, bc = q[:, :, start:end], k[:, :, start:end], vf[:, :, start:end], bf[:, :, start:end]
         gc = gf[:, :, start:end].cumsum(2)                                   # [B, H, C, Dk]
         causal = torch.ones(c, c, dtype=torch.bool, device=v.device).tril()
-        diff = (gc.unsqueeze(3) - gc.unsqueeze(2)).masked_fill(~causal[..., None], float("-inf"))
-        decay = diff.exp()                                                    # [B, H, C(t), C(s), Dk]
-        kk = torch.einsum("bhtc,bhsc,bhtsc->bhts", kc, kc, decay).tril(-1)
-        qk = torch.einsum("bhtc,bhsc,bhtsc->bhts", qc, kc, decay)
+        w = (gc.unsqueeze(3) - gc.unsqueeze(2)).masked_fill_(~causal[..., None], float("-inf")).exp_()
+        w.mul_(kc.unsqueeze(2))                          # [B, H, C(t), C(s), Dk]: k_s exp(G_t - G_s)
+        # one batched matmul scores both k_t and q_t against every decayed k_s
+        kq = torch.matmul(w, torch.stack((kc, qc), dim=-1))                 # [B, H, C, C, 2]
+        kk, qk = kq[..., 0].tril(-1), kq[..., 1]
         system = torch.eye(c, device=v.device) + bc.unsqueeze(-1) * kk
-        rhs = bc.unsqueeze(-1) * (vc - (kc * gc.exp()) @ state)
+        decay_in = gc.exp()
+        rhs = bc.unsqueeze(-1) * (vc - (kc * decay_in) @ state)
         u = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
-        out[:, :, start:end] = (qc * gc.exp()) @ state + qk @ u
+        out[:, :, start:end] = (qc * decay_in) @ state + qk @ u
         last = gc[:, :, -1:]                                                  # [B, H, 1, Dk]
         state = state * last.transpose(-1, -2).exp() + (kc * (last - gc).exp()).transpose(-1, -2) @ u
     return out.transpose(1, 2).to(v.dtype), state
