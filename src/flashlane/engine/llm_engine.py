@@ -94,6 +94,21 @@ class LLMEngine:
             "max_running": max_running, "max_model_len": self.max_model_len,
         }
         log.info(self.describe_cache())
+        if args.compile:
+            self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Compile before serving: torch.compile specialises one token vs many on first use, and
+        that pause (seconds) must not land inside a client's request."""
+        params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+        for i, n in enumerate((8, 3)):
+            self.add_request(f"__warmup{i}", list(range(1, n + 1)), params)
+        while self.has_unfinished():
+            self.step()
+        self.step_stats.clear()
+        self.counters.clear()
+        self.finish_reasons.clear()
+        self.scheduler.num_preemptions = 0
 
     def describe_cache(self) -> str:
         """One line for the startup log: what the pre-allocated pools hold and allow."""
