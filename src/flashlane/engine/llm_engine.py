@@ -100,9 +100,9 @@ class LLMEngine:
     def _warm_up(self) -> None:
         """Compile before serving: torch.compile specialises one token vs many on first use, and
         that pause (seconds) must not land inside a client's request."""
-        params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
-        for i, n in enumerate((8, 3)):
-            self.add_request(f"__warmup{i}", list(range(1, n + 1)), params)
+        for i, (n, out) in enumerate(((8, 2), (3, 4))):    # steps of 11, 2 and 1 tokens
+            self.add_request(f"__warmup{i}", list(range(1, n + 1)),
+                             SamplingParams(max_tokens=out, temperature=0, ignore_eos=True))
         while self.has_unfinished():
             self.step()
         self.step_stats.clear()
