@@ -73,8 +73,11 @@ class ModelRunner:
             bs = list(sample_row)
             idx = torch.tensor([sample_row[b] for b in bs], dtype=torch.long)
             params = [seqs[b].req.params for b in bs]
-            uniforms = torch.stack([
-                torch.rand((), generator=seqs[b].req.generator or self.generator) for b in bs])
+            # one batched draw; only seeded requests draw from their own generator
+            uniforms = torch.rand(len(bs), generator=self.generator)
+            for j, b in enumerate(bs):
+                if seqs[b].req.generator is not None:
+                    uniforms[j] = torch.rand((), generator=seqs[b].req.generator)
             tokens = sample(
                 logits[idx],
                 torch.tensor([p.temperature for p in params], dtype=torch.float32),
