@@ -9,7 +9,9 @@ from __future__ import annotations
 import torch
 
 from flashlane.cache_spec import cache_spec
-from flashlane.models.forward_batch import CacheTensors, ForwardBatch
+from flashlane.engine.cache.pools import allocate_pools
+from flashlane.engine.cache.snapshots import StateSnapshots
+from flashlane.models.forward_batch import ForwardBatch
 
 
 class PagedRunner:
@@ -19,7 +21,7 @@ class PagedRunner:
         self.spec = cache_spec(cfg, page_size)
         self.pages_per_seq = -(-max_tokens // page_size)
         num_pages = 1 + self.pages_per_seq * max_seqs
-        self.cache = CacheTensors.allocate(self.spec, num_pages, max_seqs, dtype)
+        self.cache = allocate_pools(self.spec, num_pages, max_seqs + 1, dtype)
         order = torch.randperm(num_pages - 1, generator=torch.Generator().manual_seed(seed)) + 1
         self.tables = [order[i * self.pages_per_seq:(i + 1) * self.pages_per_seq].tolist()
                        for i in range(max_seqs)]
@@ -31,9 +33,9 @@ class PagedRunner:
             return self.model.compute_logits(self.model(batch)).float()
 
     def _clear(self, seqs) -> None:
-        if self.spec.needs_state_slot:
-            for s in seqs:
-                self.cache.clear_slot(s + 1)
+        snapshots = StateSnapshots(self.cache)
+        for s in seqs:
+            snapshots.clear(s + 1)
 
     def prefill(self, prompts: list[list[int]], chunk: int | None = None) -> list[torch.Tensor]:
         """Log-probs [L, V] at every prompt position; all sequences advance together per call."""

@@ -1,7 +1,7 @@
 """Analytic numbers against what flashlane's engine actually builds, allocates and computes.
 
 * parameter counts: the engine models' state dicts, component by component;
-* cache bytes per token and state bytes per sequence: ``CacheTensors.allocate`` nbytes;
+* cache bytes per token and state bytes per sequence: ``allocate_pools`` nbytes;
 * FLOPs: ``torch.utils.flop_counter`` over a real prefill and decode step of the tiny models.
 """
 
@@ -19,7 +19,8 @@ from flashlane.analyze.flops import decode_flops, prefill_flops  # noqa: E402
 from flashlane.analyze.params import COMPONENTS, component_of, count_params  # noqa: E402
 from flashlane.cache_spec import cache_spec  # noqa: E402
 from flashlane.config import parse_config  # noqa: E402
-from flashlane.models.forward_batch import CacheTensors, ForwardBatch  # noqa: E402
+from flashlane.engine.cache.pools import allocate_pools  # noqa: E402
+from flashlane.models.forward_batch import ForwardBatch  # noqa: E402
 from flashlane.presets import preset_config  # noqa: E402
 
 TINY_LLAMA = dict(model_type="llama", vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
@@ -68,7 +69,7 @@ def test_cache_bytes_equal_engine_allocation(name, dtype, fmt):
     analytic = cache_bytes(cfg, model_dtype=fmt)
 
     def nbytes(pages, slots):
-        return CacheTensors.allocate(spec, pages, slots, dtype).nbytes()
+        return allocate_pools(spec, pages, slots + 1, dtype).nbytes()
 
     per_token = (nbytes(40, 3) - nbytes(8, 3)) / ((40 - 8) * spec.page_size)
     per_sequence = nbytes(8, 7) - nbytes(8, 6)
@@ -89,7 +90,7 @@ def _counted_step(name: str, context: int):
     model.eval()
     page = 16
     pages = context // page + 2
-    cache = CacheTensors.allocate(cache_spec(cfg, page), pages + 1, 2, torch.float32)
+    cache = allocate_pools(cache_spec(cfg, page), pages + 1, 3, torch.float32)
     table = list(range(1, pages + 1))
     ids = torch.randint(3, cfg.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
     # the math SDPA backend runs as matmuls the counter sees (the CPU flash kernel is not counted)

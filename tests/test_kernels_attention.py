@@ -19,7 +19,8 @@ from flashlane.kernels.paged import paged_rows, pooled_rows
 from flashlane.kernels.rope import RopeCache, apply_rope
 from flashlane.kernels.sparse_mla import sparse_mla_attention
 from flashlane.models.dsa_attention import DSAAttention, Indexer
-from flashlane.models.forward_batch import CacheTensors, ForwardBatch
+from flashlane.engine.cache.pools import allocate_pools
+from flashlane.models.forward_batch import ForwardBatch
 from flashlane.models.layers import MLP, MoE, RMSNorm
 
 from hf_tiny import GLM5_NEXT_TINY_TEXT, glm_moe_dsa_hf_config, make_indexers_tie_free
@@ -109,7 +110,7 @@ def spec_selection(q, w, k, g, ape, *, topk, kpool, tail):
 def index_only_spec(kpool, dim, page_size=8):
     return CacheSpec(page_size=page_size, latent_layers=(0,), latent_dim=4, index_layers=(0,),
                      index_row_of={0: 0}, index_dim=dim, kpool=kpool, kda_layers=(), conv_dim=0,
-                     conv_width=0, state_shape=(0, 0, 0), needs_state_slot=kpool > 1)
+                     conv_width=0, state_shape=(0, 0, 0))
 
 
 def run_indexer_schedule(data, schedule, *, kpool, topk, tail, page_size=8):
@@ -118,7 +119,7 @@ def run_indexer_schedule(data, schedule, *, kpool, topk, tail, page_size=8):
     d = data[0][2].shape[-1]
     spec = index_only_spec(kpool, d, page_size)
     pages_per_seq = 8
-    cache = CacheTensors.allocate(spec, 1 + pages_per_seq * len(data), len(data), torch.float32)
+    cache = allocate_pools(spec, 1 + pages_per_seq * len(data), len(data) + 1, torch.float32)
     order = torch.randperm(pages_per_seq * len(data), generator=gen(9)) + 1
     tables = [order[i * pages_per_seq:(i + 1) * pages_per_seq].tolist() for i in range(len(data))]
     ape = data[0][4] if kpool > 1 else None
@@ -226,7 +227,7 @@ def _drive_module(module_fn, cfg, t_len, chunks, page_size=8):
     """Run ``module_fn(batch, token_slice)`` over ``chunks`` (then single-token decode steps)
     of one sequence through a real cache; returns the per-query outputs concatenated."""
     spec = cache_spec(cfg, page_size)
-    cache = CacheTensors.allocate(spec, 1 + -(-t_len // page_size) + 2, 1, torch.float32)
+    cache = allocate_pools(spec, 1 + -(-t_len // page_size) + 2, 2, torch.float32)
     table = list(range(cache.num_pages - 1, 0, -1))
     outs, done = [], 0
     steps = list(chunks) + [1] * (t_len - sum(chunks))

@@ -12,7 +12,8 @@ from flashlane.config import parse_config  # noqa: E402
 from flashlane.kernels.kda import kda_chunk, kda_decode, kda_gate, kda_recurrent  # noqa: E402
 from flashlane.kernels.mhc import hc_post, hc_pre  # noqa: E402
 from flashlane.kernels.short_conv import short_conv, short_conv_decode  # noqa: E402
-from flashlane.models.forward_batch import CacheTensors, ForwardBatch  # noqa: E402
+from flashlane.engine.cache.pools import allocate_pools  # noqa: E402
+from flashlane.models.forward_batch import ForwardBatch  # noqa: E402
 from flashlane.models.kda_attention import KDAAttention  # noqa: E402
 from hf_tiny import glm5_next_hf_config, randomise_glm5_next_constants  # noqa: E402
 
@@ -248,7 +249,7 @@ def _run_paged(ours, cfg, xs, pieces, decode_steps, garbage=False):
     (cycled) `pieces` lengths; every call packs all unfinished sequences, so prefill chunks of
     one sequence share calls with decode steps of another. Returns per-sequence outputs."""
     spec = cache_spec(cfg, page_size=16)
-    cache = CacheTensors.allocate(spec, num_pages=64, num_slots=len(xs) + 2, dtype=torch.float32)
+    cache = allocate_pools(spec, 64, len(xs) + 3, torch.float32)
     if garbage:  # stale state from an earlier owner must not leak into a fresh sequence
         cache.conv.normal_()
         cache.recurrent.normal_()

@@ -8,17 +8,42 @@ Three pools, all addressed per sequence:
     plus a per-sequence tail of the incomplete pool (``kpool`` slots of [key | gate]).
   * state (slots): per KDA layer, recurrent state [H, D, D] fp32 and conv state [3Q, K-1];
     slot 0 is the null slot. The indexer tail lives in the same per-sequence slot.
-``analyze`` reads the byte counts from here, the engine allocates from here.
+``pools()`` is the one description of every pool tensor (name, unit, shape, dtype): the engine
+allocates from it, budget planning and ``analyze`` read their byte counts from it. State-slot
+pools also hold prefix-cache checkpoints (extra rows of the same tensors).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import gcd
+from math import gcd, prod
 
 from .config import ModelConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "bf16": 2, "fp8": 1, "int8": 1}
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """One pool tensor: ``[rows, units * per_unit, *entry]``; a unit is a page or a state slot.
+
+    ``dtype`` None means the cache dtype (the model's); otherwise a fixed dtype name."""
+
+    name: str
+    unit: str                         # "page" | "slot"
+    rows: int                         # layer rows
+    per_unit: int                     # entries per unit (tokens per page, pools per page, 1 per slot)
+    entry: tuple[int, ...]            # shape of one entry
+    dtype: str | None = None
+
+    def dtype_name(self, cache_dtype: str) -> str:
+        return self.dtype or cache_dtype
+
+    def shape(self, units: int) -> tuple[int, ...]:
+        return (self.rows, units * self.per_unit, *self.entry)
+
+    def bytes_per_unit(self, cache_dtype: str) -> int:
+        return self.rows * self.per_unit * prod(self.entry) * DTYPE_BYTES[self.dtype_name(cache_dtype)]
 
 
 @dataclass(frozen=True)
@@ -34,7 +59,6 @@ class CacheSpec:
     conv_dim: int                         # 3 * linear_num_heads * linear_head_dim
     conv_width: int                       # kernel - 1 pre-conv inputs kept
     state_shape: tuple[int, int, int]     # (heads, key dim, value dim), fp32
-    needs_state_slot: bool                # does a sequence hold a state slot?
 
     def latent_row(self, layer: int) -> int:
         return self.latent_layers.index(layer)
@@ -42,26 +66,58 @@ class CacheSpec:
     def kda_row(self, layer: int) -> int:
         return self.kda_layers.index(layer)
 
+    # ---- the pools ---------------------------------------------------------------------------
+    def pools(self) -> tuple[PoolSpec, ...]:
+        """Every pool tensor the cache holds; empty pools (no rows) are left out."""
+        n_kda, n_idx = len(self.kda_layers), len(self.index_layers)
+        pools = [
+            PoolSpec("latent", "page", len(self.latent_layers), self.page_size, (self.latent_dim,)),
+            PoolSpec("index_keys", "page", n_idx, self.page_size // self.kpool, (self.index_dim,)),
+            PoolSpec("index_tail", "slot", n_idx if self.kpool > 1 else 0, 1, (self.kpool, 2 * self.index_dim)),
+            PoolSpec("conv", "slot", n_kda, 1, (self.conv_dim, self.conv_width)),
+            PoolSpec("recurrent", "slot", n_kda, 1, self.state_shape, "float32"),
+        ]
+        return tuple(p for p in pools if p.rows)
+
+    def pool(self, name: str) -> PoolSpec | None:
+        return next((p for p in self.pools() if p.name == name), None)
+
+    @property
+    def needs_state_slot(self) -> bool:
+        """Does a sequence hold a per-sequence state slot (KDA state or an indexer tail)?"""
+        return any(p.unit == "slot" for p in self.pools())
+
     # ---- sizes -----------------------------------------------------------------------------
+    def _unit_bytes(self, unit: str, dtype: str, names: tuple[str, ...] | None = None) -> int:
+        return sum(p.bytes_per_unit(dtype) for p in self.pools()
+                   if p.unit == unit and (names is None or p.name in names))
+
+    def bytes_per_page(self, dtype: str = "bfloat16") -> int:
+        return self._unit_bytes("page", dtype)
+
+    def bytes_per_slot(self, dtype: str = "bfloat16") -> int:
+        return self._unit_bytes("slot", dtype)
+
     def latent_bytes_per_token(self, dtype: str = "bfloat16") -> int:
-        return len(self.latent_layers) * self.latent_dim * DTYPE_BYTES[dtype]
+        return self._unit_bytes("page", dtype, ("latent",)) // self.page_size
 
     def index_bytes_per_token(self, dtype: str = "bfloat16") -> float:
-        return len(self.index_layers) * self.index_dim * DTYPE_BYTES[dtype] / self.kpool
+        return self._unit_bytes("page", dtype, ("index_keys",)) / self.page_size
 
     def bytes_per_token(self, dtype: str = "bfloat16") -> float:
-        return self.latent_bytes_per_token(dtype) + self.index_bytes_per_token(dtype)
+        return self.bytes_per_page(dtype) / self.page_size
 
     def tail_bytes_per_sequence(self, dtype: str = "bfloat16") -> int:
-        if self.kpool <= 1:
-            return 0
-        return len(self.index_layers) * self.kpool * 2 * self.index_dim * DTYPE_BYTES[dtype]
+        return self._unit_bytes("slot", dtype, ("index_tail",))
+
+    def recurrent_bytes_per_sequence(self) -> int:
+        return self._unit_bytes("slot", "float32", ("recurrent",))
+
+    def conv_bytes_per_sequence(self, dtype: str = "bfloat16") -> int:
+        return self._unit_bytes("slot", dtype, ("conv",))
 
     def state_bytes_per_sequence(self, dtype: str = "bfloat16") -> int:
-        h, dk, dv = self.state_shape
-        recurrent = len(self.kda_layers) * h * dk * dv * 4
-        conv = len(self.kda_layers) * self.conv_dim * self.conv_width * DTYPE_BYTES[dtype]
-        return recurrent + conv + self.tail_bytes_per_sequence(dtype)
+        return self.bytes_per_slot(dtype)
 
 
 def page_multiple(cfg: ModelConfig) -> int:
@@ -112,5 +168,4 @@ def cache_spec(cfg: ModelConfig, page_size: int = 16) -> CacheSpec:
         conv_dim=3 * qkv if kda_layers else 0,
         conv_width=max(cfg.conv_kernel - 1, 0) if kda_layers else 0,
         state_shape=(cfg.linear_num_heads, cfg.linear_head_dim, cfg.linear_head_dim) if kda_layers else (0, 0, 0),
-        needs_state_slot=bool(kda_layers) or kpool > 1,
     )

@@ -88,17 +88,14 @@ def cache_bytes(cfg: ModelConfig, model_dtype: str = "bfloat16") -> CacheBytes:
     if cfg.arch != "llama" and cfg.num_mtp_layers:
         mtp = {f: cfg.num_mtp_layers * (latent_row_bytes(cfg, f) + index_entry_bytes(cfg, f) / kpool)
                for f in KV_FORMATS}
-    h, dk, dv = spec.state_shape
-    sizes = {"bfloat16": 2, "float16": 2, "float32": 4}
-    if model_dtype not in sizes:
-        raise ValueError(f"model dtype {model_dtype!r} is not one of {', '.join(sizes)}")
-    size = sizes[model_dtype]
+    if model_dtype not in ("bfloat16", "float16", "float32"):
+        raise ValueError(f"model dtype {model_dtype!r} is not one of bfloat16, float16, float32")
     return CacheBytes(
         latent_per_token=latent,
         index_per_token=index,
         mtp_per_token=mtp,
-        state_recurrent=len(spec.kda_layers) * h * dk * dv * 4,
-        state_conv=len(spec.kda_layers) * spec.conv_dim * spec.conv_width * size,
+        state_recurrent=spec.recurrent_bytes_per_sequence(),
+        state_conv=spec.conv_bytes_per_sequence(model_dtype),
         state_index_tail=spec.tail_bytes_per_sequence(model_dtype),
     )
 

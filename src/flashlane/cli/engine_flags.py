@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
 from ..engine.engine_args import EngineArgs
 
@@ -10,6 +12,50 @@ from ..engine.engine_args import EngineArgs
 def _memory(value: str) -> float | int:
     v = float(value)
     return v if v <= 1.0 else int(v)
+
+
+def _bytes(value: str) -> int:
+    """A byte count: an integer >= 0, optionally with a K/M/G/T suffix (powers of 1024)."""
+    text = value.strip().upper().removesuffix("IB").removesuffix("B")
+    scale = 1
+    if text and text[-1] in "KMGT":
+        scale = 1024 ** ("KMGT".index(text[-1]) + 1)
+        text = text[:-1]
+    try:
+        v = float(text) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of bytes (e.g. 536870912 or 512M), got {value!r}")
+    if v < 0 or v != v:
+        raise argparse.ArgumentTypeError(f"must be >= 0 bytes, got {value!r}")
+    return int(v)
+
+
+def _positive_bytes(value: str) -> int:
+    v = _bytes(value)
+    if v == 0:
+        raise argparse.ArgumentTypeError("must be > 0 bytes")
+    return v
+
+
+def _share(value: str) -> float:
+    try:
+        v = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {value!r}")
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value!r}")
+    return v
+
+
+def _writable_dir(value: str) -> str:
+    path = Path(value)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot create directory {value!r}: {e.strerror}")
+    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a writable directory")
+    return str(path)
 
 
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
@@ -28,6 +74,18 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--quantization", choices=["int8"], default=None,
                    help="weight-only int8 linear layers (faster small-batch decode on CPU)")
+    g = p.add_argument_group("prefix cache")
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=d.enable_prefix_caching,
+                   help="share full pages by content between requests, with state checkpoints for hybrid "
+                        "models (default: on)")
+    g.add_argument("--checkpoint-share", type=_share, default=d.checkpoint_share,
+                   help="fraction (0, 1] of --cache-memory for state checkpoints (hybrid models)")
+    g.add_argument("--host-cache-memory", type=_bytes, default=d.host_cache_memory,
+                   help="bytes of host memory for pages/checkpoints evicted from the pool (e.g. 2G; 0 = off)")
+    g.add_argument("--disk-cache-dir", type=_writable_dir, default=None,
+                   help="directory for the disk tier (kept across restarts of the same model and layout)")
+    g.add_argument("--disk-cache-bytes", type=_positive_bytes, default=None,
+                   help="byte budget of the disk tier (default: unbounded)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the mHC math (compiled at start-up; ~15%% faster single-threaded "
                         "offline decode, measured slower under `serve` on 2 CPU cores)")
@@ -36,4 +94,5 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
 def engine_kwargs(args: argparse.Namespace) -> dict:
     return {k: getattr(args, k) for k in (
         "dtype", "seed", "page_size", "max_num_seqs", "max_num_batched_tokens", "cache_memory",
-        "num_pages", "num_slots", "max_wait_ms", "max_model_len", "num_threads", "compile", "quantization")}
+        "num_pages", "num_slots", "max_wait_ms", "max_model_len", "num_threads", "compile", "quantization",
+        "enable_prefix_caching", "checkpoint_share", "host_cache_memory", "disk_cache_dir", "disk_cache_bytes")}

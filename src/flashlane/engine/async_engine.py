@@ -51,6 +51,7 @@ class AsyncEngine:
         self._wake.set()
         self._thread.join(timeout)
         self._thread = None
+        self.engine.close()
 
     @property
     def tokenizer(self):

@@ -21,6 +21,12 @@ class EngineArgs:
     num_threads: int | None = None       # torch intra-op threads (CPU)
     compile: bool = False                # torch.compile the models' dispatch-bound kernels
     quantization: str | None = None      # "int8": weight-only int8 linears (modifies the model in place)
+    enable_prefix_caching: bool = True   # share full pages by content; state checkpoints for hybrids
+    checkpoint_share: float = 0.1        # share of cache_memory for state checkpoints (stateful models)
+    num_checkpoints: int | None = None   # override the checkpoint pool size (tests)
+    host_cache_memory: int = 0           # bytes of host memory for pages/checkpoints evicted from the pool
+    disk_cache_dir: str | None = None    # directory of the disk tier (survives restarts); None = off
+    disk_cache_bytes: int | None = None  # byte budget of the disk tier (None = unbounded)
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineArgs":
@@ -40,3 +46,19 @@ class EngineArgs:
             raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}")
         if self.max_wait_ms < 0:
             raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
+        share = self.checkpoint_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+            raise ValueError(f"checkpoint_share must be a number in (0, 1], got {share!r}")
+        for name in ("host_cache_memory", "disk_cache_bytes", "num_checkpoints"):
+            v = getattr(self, name)
+            if v is None and name != "host_cache_memory":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (name == "disk_cache_bytes" and v == 0):
+                raise ValueError(f"{name} must be a {'positive' if name == 'disk_cache_bytes' else 'non-negative'} "
+                                 f"integer number of {'entries' if name == 'num_checkpoints' else 'bytes'}, "
+                                 f"got {v!r}")
+        if (self.disk_cache_bytes is not None) and not self.disk_cache_dir:
+            raise ValueError("disk_cache_bytes needs disk_cache_dir")
+        if (self.host_cache_memory or self.disk_cache_dir) and not self.enable_prefix_caching:
+            raise ValueError("host_cache_memory / disk_cache_dir are tiers of the prefix cache: "
+                             "they need enable_prefix_caching")

@@ -16,6 +16,10 @@ class LLM:
     def tokenizer(self):
         return self.engine.tokenizer
 
+    def close(self) -> None:
+        """Write the prefix cache's disk tier back (if any); the LLM stays usable."""
+        self.engine.close()
+
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
         """``prompts``: a string, a list of strings, a list of token ids, or a list of token-id lists.

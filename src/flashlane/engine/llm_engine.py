@@ -12,6 +12,7 @@ import torch
 
 from ..cache_spec import cache_spec, chunk_multiple
 from ..models.quantize import quantize_model
+from .cache.fingerprint import weights_fingerprint
 from .cache.manager import CacheManager, plan_cache
 from .detokenizer import IncrementalDetokenizer
 from .engine_args import EngineArgs
@@ -71,8 +72,17 @@ class LLMEngine:
         self.dtype = self.model.get_submodule(_embedding_name(self.model)).weight.dtype
         spec = cache_spec(self.config, args.page_size)
         plan = plan_cache(spec, self.dtype, args.cache_memory, args.max_num_seqs,
-                          args.num_pages, args.num_slots, args.device)
-        self.cache = CacheManager(spec, plan, self.dtype, args.device)
+                          args.num_pages, args.num_slots, args.device,
+                          checkpoint_share=args.checkpoint_share if args.enable_prefix_caching else 0.0,
+                          num_checkpoints=args.num_checkpoints if args.enable_prefix_caching else 0)
+        fingerprint = f"{self.model_name}|{self.config.arch}|{self._dtype_name()}"
+        if args.disk_cache_dir:
+            fingerprint += "|" + weights_fingerprint(self.model)
+        try:
+            self.cache = CacheManager(spec, plan, self.dtype, args.device, args.enable_prefix_caching, fingerprint,
+                                      args.host_cache_memory, args.disk_cache_dir, args.disk_cache_bytes)
+        except OSError as e:
+            raise ValueError(f"disk_cache_dir {args.disk_cache_dir!r} is not a writable directory: {e}") from e
         self.max_model_len = min(args.max_model_len or self.config.max_position_embeddings, plan.num_tokens)
         max_running = min(args.max_num_seqs, plan.num_slots if spec.needs_state_slot else args.max_num_seqs,
                           plan.num_pages)
@@ -92,6 +102,10 @@ class LLMEngine:
             "latent_bytes_per_token": spec.latent_bytes_per_token(self._dtype_name()),
             "index_bytes_per_token": spec.index_bytes_per_token(self._dtype_name()),
             "max_running": max_running, "max_model_len": self.max_model_len,
+            "prefix_caching": args.enable_prefix_caching, "num_checkpoints": plan.num_checkpoints,
+            "bytes_per_checkpoint": plan.bytes_per_slot if plan.num_checkpoints else 0,
+            "host_cache_bytes": args.host_cache_memory if args.enable_prefix_caching else 0,
+            "disk_cache_dir": args.disk_cache_dir, "disk_cache_bytes": args.disk_cache_bytes,
         }
         log.info(self.describe_cache())
         if args.compile:
@@ -109,6 +123,12 @@ class LLMEngine:
         self.counters.clear()
         self.finish_reasons.clear()
         self.scheduler.num_preemptions = 0
+        for k in self.cache.counters:
+            self.cache.counters[k] = 0
+
+    def close(self) -> None:
+        """Release what outlives requests: the cache tiers write back to disk and stop loading."""
+        self.cache.close()
 
     def describe_cache(self) -> str:
         """One line for the startup log: what the pre-allocated pools hold and allow."""
@@ -116,7 +136,20 @@ class LLMEngine:
         return (f"cache {s['cache_bytes'] / 2**20:.1f} MiB {s['dtype']}: {s['num_pages']} pages x {s['page_size']} "
                 f"= {s['num_tokens']} tokens ({s['latent_bytes_per_token']} B/token latent + "
                 f"{s['index_bytes_per_token']:g} B/token index keys), {s['num_state_slots']} state slots "
-                f"x {s['bytes_per_slot']} B; max_running={s['max_running']}, max_model_len={s['max_model_len']}")
+                f"x {s['bytes_per_slot']} B; max_running={s['max_running']}, max_model_len={s['max_model_len']}; "
+                + self._describe_prefix_cache())
+
+    def _describe_prefix_cache(self) -> str:
+        s = self.startup
+        if not s["prefix_caching"]:
+            return "prefix cache off"
+        parts = [f"prefix cache on: {s['num_checkpoints']} checkpoints x {s['bytes_per_checkpoint']} B"]
+        if s["host_cache_bytes"]:
+            parts.append(f"host tier {s['host_cache_bytes'] / 2**20:.1f} MiB")
+        if s["disk_cache_dir"]:
+            size = "unbounded" if s["disk_cache_bytes"] is None else f"{s['disk_cache_bytes'] / 2**20:.1f} MiB"
+            parts.append(f"disk tier {size} at {s['disk_cache_dir']}")
+        return ", ".join(parts)
 
     def _dtype_name(self) -> str:
         return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[self.dtype]
@@ -184,9 +217,12 @@ class LLMEngine:
         prefill_tokens = 0
         for s, res in zip(sched.seqs, results):
             req = s.req
-            if s.num_new > 1 or not req.output_token_ids:
+            prefill = s.num_new > 1 or not req.output_token_ids
+            if prefill:
                 prefill_tokens += s.num_new
+            before = req.num_computed_tokens
             req.num_computed_tokens += s.num_new
+            self.cache.commit(req, before, prefill)
             if res.prompt_logprobs:
                 req.prompt_logprobs.extend(res.prompt_logprobs)
             if res.token is None:
@@ -255,10 +291,10 @@ class LLMEngine:
             token_ids=list(req.output_token_ids), finished=req.finished, finish_reason=req.finish_reason,
             stop_reason=req.stop_reason, logprobs=req.logprobs, prompt_logprobs=req.prompt_logprobs,
             delta_text=delta, delta_token_ids=delta_ids, metrics=req.metrics,
-            prompt=req.prompt,
+            prompt=req.prompt, num_cached_tokens=req.num_cached_tokens or 0,
         )
 
     def stats(self) -> dict:
         return {"running": self.num_running, "waiting": self.num_waiting,
-                "preemptions": self.scheduler.num_preemptions, **self.cache.usage(),
+                "preemptions": self.scheduler.num_preemptions, **self.cache.usage(), **self.cache.prefix_stats(),
                 **{f"tokens_{k}": v for k, v in self.counters.items()}}

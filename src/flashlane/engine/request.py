@@ -52,6 +52,12 @@ class Request:
         self.pages: list[int] = []            # block table
         self.slot = 0                         # per-sequence state slot (0 = none)
         self.admitted_at = 0                  # step counter when admitted (for preemption order)
+        # prefix cache
+        self.block_keys: list[bytes] = []     # chained key of each full page of all_token_ids
+        self.num_cached_tokens: int | None = None   # prompt tokens reused at first admission
+        self.checkpoint_stops: list[int] = []  # prefill pauses here so a state checkpoint is taken
+        self.rolling_checkpoint: bytes | None = None  # newest checkpoint of this request's output
+        self.staged: dict = {}                # lower-tier entries loaded for this request's hit
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.prompt_logprobs: list[dict[int, float] | None] | None = (
             [None] if params.prompt_logprobs is not None else None)

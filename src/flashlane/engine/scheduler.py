@@ -3,6 +3,9 @@ of waiting ones under a token budget (``max_num_batched_tokens``) and a running 
 (``max_num_seqs``). Admission needs pages AND a state slot. When pages run out mid-decode the
 most recently admitted request is preempted by recompute: it frees everything and goes back to
 the front of the queue, keeping its generated tokens, so it finishes with the same output.
+Admission first asks the cache for the request's longest reusable prefix (prefix cache): a hit
+starts the request's prefill after it, and prefills pause at checkpoint stops so hybrid models
+get their state checkpointed where the next turn will start.
 
 Length-aware packing: a long prompt never blocks a step — it is cut into chunks (multiples of
 lcm(page_size, kpool, 64)) that share the step with everybody's decode tokens, so a batch never
@@ -80,10 +83,15 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     # ---- one step ---------------------------------------------------------------------------
-    def _chunk(self, remaining: int, budget: int) -> int:
-        if remaining <= budget:
-            return remaining
-        return budget // self.chunk_multiple * self.chunk_multiple
+    def _chunk(self, req: Request, start: int, budget: int) -> int:
+        """Tokens of ``req`` to compute from ``start``: all that remain if they fit the budget,
+        else a multiple of the chunk granularity; never past the next checkpoint stop."""
+        remaining = req.num_tokens - start
+        n = remaining if remaining <= budget else budget // self.chunk_multiple * self.chunk_multiple
+        stop = next((p for p in req.checkpoint_stops if p > start), None)
+        if stop is not None and start + n > stop:
+            n = stop - start
+        return n
 
     def _preempt(self, victim: Request, out: SchedulerOutput) -> None:
         self.running.remove(victim)
@@ -103,7 +111,7 @@ class Scheduler:
         for req in sorted(self.running, key=lambda r: r.admitted_at):
             if req not in self.running:       # preempted earlier in this loop
                 continue
-            n = self._chunk(req.num_tokens - req.num_computed_tokens, budget)
+            n = self._chunk(req, req.num_computed_tokens, budget)
             if n <= 0:
                 continue
             target = req.num_computed_tokens + n
@@ -125,13 +133,18 @@ class Scheduler:
             if out.empty:
                 out.wake_at = self.waiting[0].metrics.arrival_time + self.max_wait_s
             return out
+        loading: list[Request] = []
         while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
-            req = self.waiting[0]
-            n = self._chunk(req.num_tokens - req.num_computed_tokens, budget)
-            if n <= 0 or not self.cache.can_admit(req, req.num_computed_tokens + n):
+            req = self.waiting.popleft()
+            match = self.cache.match(req)
+            if self.cache.tiers is not None and self.cache.needs_load(match, req):
+                loading.append(req)          # its hit is being read from disk: let others go first
+                continue
+            n = self._chunk(req, match.num_tokens, budget)
+            if n <= 0 or not self.cache.can_admit(req, match.num_tokens + n, match):
+                self.waiting.appendleft(req)
                 break
-            self.waiting.popleft()
-            self.cache.grow(req, req.num_computed_tokens + n)
+            self.cache.admit(req, match, match.num_tokens + n)
             req.status = Status.RUNNING
             self._admissions += 1
             req.admitted_at = self._admissions
@@ -140,6 +153,9 @@ class Scheduler:
             self.running.append(req)
             out.seqs.append(ScheduledSeq(req, n))
             budget -= n
+        self.waiting.extendleft(reversed(loading))
+        if loading and out.empty:
+            out.wake_at = now + 0.002
         return out
 
     def _hold_admission(self, now: float, budget: int) -> bool:

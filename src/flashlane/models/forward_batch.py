@@ -19,48 +19,36 @@ from ..cache_spec import CacheSpec
 
 @dataclass
 class CacheTensors:
-    """The pool tensors. Rows are indexed through ``spec`` (layer id -> row)."""
+    """The pool tensors the engine allocates (``engine/cache/pools.py``), by ``PoolSpec`` name;
+    models read and write them only through the batch. Rows are indexed through ``spec``
+    (layer id -> row). Shapes:
+      latent      [latent rows, pages * page_size, latent_dim]
+      index_keys  [index rows, pages * page_size // kpool, index_dim]
+      index_tail  [index rows, state rows, kpool, 2 * index_dim]  (kI | gI)
+      conv        [kda rows, state rows, conv_dim, conv_width]
+      recurrent   [kda rows, state rows, H, Dk, Dv], float32
+    """
 
     spec: CacheSpec
-    num_pages: int
-    num_slots: int
-    latent: torch.Tensor | None       # [latent rows, num_pages * page_size, latent_dim]
-    index_keys: torch.Tensor | None   # [index rows, num_pages * page_size // kpool, index_dim]
-    index_tail: torch.Tensor | None   # [index rows, num_slots + 1, kpool, 2 * index_dim]  (kI | gI)
-    conv: torch.Tensor | None         # [kda rows, num_slots + 1, conv_dim, conv_width]
-    recurrent: torch.Tensor | None    # [kda rows, num_slots + 1, H, Dk, Dv], float32
+    num_pages: int                    # page rows, the null page 0 included
+    num_state_rows: int               # slot rows: null slot 0, sequence slots, then checkpoints
+    pools: dict[str, torch.Tensor]
 
-    @classmethod
-    def allocate(cls, spec: CacheSpec, num_pages: int, num_slots: int,
-                 dtype: torch.dtype, device: torch.device | str = "cpu") -> "CacheTensors":
-        tokens = num_pages * spec.page_size
+    def _get(self, name: str) -> torch.Tensor | None:
+        return self.pools.get(name)
 
-        def zeros(*shape, dt=dtype):
-            return torch.zeros(*shape, dtype=dt, device=device) if shape[0] else None
+    latent = property(lambda self: self._get("latent"))
+    index_keys = property(lambda self: self._get("index_keys"))
+    index_tail = property(lambda self: self._get("index_tail"))
+    conv = property(lambda self: self._get("conv"))
+    recurrent = property(lambda self: self._get("recurrent"))
 
-        slots = num_slots + 1 if spec.needs_state_slot else 0
-        return cls(
-            spec=spec,
-            num_pages=num_pages,
-            num_slots=num_slots,
-            latent=zeros(len(spec.latent_layers), tokens, spec.latent_dim),
-            index_keys=zeros(len(spec.index_layers), tokens // spec.kpool, spec.index_dim),
-            index_tail=zeros(len(spec.index_layers), slots, spec.kpool, 2 * spec.index_dim)
-            if spec.kpool > 1 and slots else None,
-            conv=zeros(len(spec.kda_layers), slots, spec.conv_dim, spec.conv_width) if slots else None,
-            recurrent=zeros(len(spec.kda_layers), slots, *spec.state_shape, dt=torch.float32)
-            if slots else None,
-        )
-
-    def clear_slot(self, slot: int) -> None:
-        """Zero a sequence's per-sequence state (stale state is a classic bug)."""
-        for t in (self.conv, self.recurrent, self.index_tail):
-            if t is not None:
-                t[:, slot].zero_()
+    @property
+    def device(self) -> torch.device:
+        return next(iter(self.pools.values())).device if self.pools else torch.device("cpu")
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in
-                   (self.latent, self.index_keys, self.index_tail, self.conv, self.recurrent) if t is not None)
+        return sum(t.numel() * t.element_size() for t in self.pools.values())
 
 
 @dataclass
@@ -112,7 +100,7 @@ class ForwardBatch:
             tables[b, : len(t)] = torch.tensor(t, dtype=torch.long)
         cu = torch.zeros(len(q_lens) + 1, dtype=torch.long)
         cu[1:] = torch.cumsum(torch.tensor(q_lens, dtype=torch.long), 0)
-        dev = cache.latent.device if cache.latent is not None else "cpu"
+        dev = cache.device
         t = lambda x: torch.tensor(x, dtype=torch.long, device=dev)  # noqa: E731
         return cls(
             input_ids=t(ids), positions=t(pos), q_lens=q_lens, ctx_lens=ctx, cu_q=cu.to(dev),

@@ -95,9 +95,41 @@ class _EngineCollector:
         yield counter("flashlane:prompt_tokens", "Prefill tokens computed (recomputation after preemption "
                       "included)", s.get("tokens_prompt_tokens", 0))
         yield counter("flashlane:generation_tokens", "Tokens generated", s.get("tokens_generation_tokens", 0))
+        yield from _prefix_cache_metrics(s, gauge, counter, name)
         reasons = s.get("finish_reasons", {})
         c = CounterMetricFamily("flashlane:request_success", "Finished requests by finish reason",
                                 labels=["model_name", "finished_reason"])
         for reason in sorted(set(FINISH_REASONS) | set(reasons)):
             c.add_metric([name, reason], float(reasons.get(reason, 0)))
         yield c
+
+
+def _prefix_cache_metrics(s: dict, gauge, counter, name: str):
+    """vLLM-style prefix-cache counters (tokens), hits per tier, evictions, pools and tier bytes."""
+    yield gauge("flashlane:cache_pages_cached", "Registered pages no request references (reusable, "
+                "reclaimed when pages run out)", s.get("pages_cached", 0))
+    yield counter("flashlane:prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+                  s.get("prefix_cache_queries", 0))
+    yield counter("flashlane:prefix_cache_hits", "Prompt tokens served from the prefix cache",
+                  s.get("prefix_cache_hits", 0))
+    tiers = CounterMetricFamily("flashlane:prefix_cache_hits_by_tier", "Prompt tokens served from the prefix "
+                                "cache, by the tier that held them", labels=["model_name", "tier"])
+    for tier in ("pool", "host", "disk"):
+        tiers.add_metric([name, tier], float(s.get(f"prefix_cache_hits_{tier}", 0)))
+    yield tiers
+    yield counter("flashlane:prefix_cache_page_evictions", "Cached pages evicted from the pool",
+                  s.get("prefix_cache_page_evictions", 0))
+    yield counter("flashlane:prefix_cache_checkpoint_evictions", "State checkpoints evicted from the pool",
+                  s.get("prefix_cache_checkpoint_evictions", 0))
+    yield counter("flashlane:prefix_cache_checkpoint_restores", "Hits that restored a state checkpoint",
+                  s.get("prefix_cache_checkpoint_restores", 0))
+    yield counter("flashlane:prefix_cache_disk_corrupt", "Disk-tier files rejected (checksum or format)",
+                  s.get("prefix_cache_disk_corrupt", 0))
+    yield gauge("flashlane:checkpoints_used", "State checkpoints held in the pool", s.get("checkpoints_used", 0))
+    yield gauge("flashlane:checkpoints_total", "State checkpoint pool capacity", s.get("checkpoints_total", 0))
+    for tier in ("host", "disk"):
+        if f"{tier}_cache_bytes_used" in s:
+            yield gauge(f"flashlane:{tier}_cache_bytes_used", f"Bytes held by the {tier} tier",
+                        s[f"{tier}_cache_bytes_used"])
+            yield gauge(f"flashlane:{tier}_cache_bytes_total", f"Byte budget of the {tier} tier (0 = unbounded)",
+                        s[f"{tier}_cache_bytes_total"])

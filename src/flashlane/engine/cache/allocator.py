@@ -1,4 +1,4 @@
-"""Free-list allocators for pages and per-sequence state slots. Id 0 is the null entry."""
+"""Free-list allocator for per-sequence state slots. Id 0 is the null entry."""
 
 from __future__ import annotations
 

@@ -1,17 +1,32 @@
-"""Hybrid cache manager: sizes the pools once from a memory budget, then hands pages and state
-slots to requests and takes them back (on finish, abort or preemption)."""
+"""Hybrid cache manager: sizes the pools once from a memory budget, hands pages and state slots
+to requests and takes them back (finish, abort, preemption), and runs the prefix cache.
+
+Prefix cache (``prefix_caching=True``): full pages are registered under a chained block key
+(``block_hash``) and shared by reference count (``page_pool``); models with per-sequence state
+also need a state checkpoint at the hit boundary (``checkpoints``). A hit is the longest prefix
+of full pages for which pages *and* (for stateful models) a checkpoint exist, in the pool or a
+lower tier (``tiers``). Checkpoints are saved where the next request is likely to start: at the
+last full page of the prompt, at every page-aligned prefill chunk end, where a lookup's page
+match ran past its last checkpoint (so the next request with that prefix hits there), and at
+the latest page boundary of the output (kept rolling: a request keeps only its newest one).
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psutil
 import torch
 
 from ...cache_spec import CacheSpec
-from ...models.forward_batch import CacheTensors
 from .allocator import FreeList
+from .block_hash import extend_keys, root_key
+from .checkpoints import CheckpointPool
+from .page_pool import PagePool
+from .pools import allocate_pools, dtype_name
+from .snapshots import StateSnapshots
+from .tiers import CacheTiers
 
 
 @dataclass(frozen=True)
@@ -21,6 +36,7 @@ class CachePlan:
     page_size: int
     bytes_per_page: int
     bytes_per_slot: int
+    num_checkpoints: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -28,25 +44,20 @@ class CachePlan:
 
     @property
     def total_bytes(self) -> int:
-        return self.num_pages * self.bytes_per_page + self.num_slots * self.bytes_per_slot
-
-
-def element_size(dtype: torch.dtype) -> int:
-    return torch.empty(0, dtype=dtype).element_size()
+        return self.num_pages * self.bytes_per_page + (self.num_slots + self.num_checkpoints) * self.bytes_per_slot
 
 
 def plan_cache(spec: CacheSpec, dtype: torch.dtype, cache_memory: float | int, max_num_seqs: int,
                num_pages: int | None = None, num_slots: int | None = None,
-               device: torch.device | str = "cpu") -> CachePlan:
-    """Split a budget between state slots (one per running sequence, first) and pages (the rest).
+               device: torch.device | str = "cpu", checkpoint_share: float = 0.0,
+               num_checkpoints: int | None = None) -> CachePlan:
+    """Split a budget between state slots (one per running sequence, first), checkpoints
+    (``checkpoint_share`` of the budget, stateful models only) and pages (the rest).
 
     ``cache_memory``: bytes (int) or a fraction of currently free device memory (float <= 1)."""
-    es = element_size(dtype)
-    per_token = len(spec.latent_layers) * spec.latent_dim * es + len(spec.index_layers) * spec.index_dim * es / spec.kpool
-    bytes_per_page = max(int(math.ceil(per_token * spec.page_size)), 1)
-    h, dk, dv = spec.state_shape
-    bytes_per_slot = (len(spec.kda_layers) * (h * dk * dv * 4 + spec.conv_dim * spec.conv_width * es)
-                      + (len(spec.index_layers) * spec.kpool * 2 * spec.index_dim * es if spec.kpool > 1 else 0))
+    name = dtype_name(dtype)
+    bytes_per_page = max(spec.bytes_per_page(name), 1)
+    bytes_per_slot = spec.bytes_per_slot(name)
     if isinstance(cache_memory, float) and cache_memory <= 1.0:
         if cache_memory <= 0:
             raise ValueError(f"cache_memory fraction must be > 0, got {cache_memory}")
@@ -60,12 +71,18 @@ def plan_cache(spec: CacheSpec, dtype: torch.dtype, cache_memory: float | int, m
         if spec.needs_state_slot and bytes_per_slot:
             # keep at least half the budget for pages when slots are expensive
             num_slots = max(1, min(num_slots, budget // 2 // bytes_per_slot))
+    if num_checkpoints is None:
+        num_checkpoints = int(checkpoint_share * budget) // bytes_per_slot if bytes_per_slot else 0
+    if not spec.needs_state_slot:
+        num_checkpoints = 0
     if num_pages is None:
-        num_pages = (budget - num_slots * bytes_per_slot) // bytes_per_page
+        num_pages = (budget - (num_slots + num_checkpoints) * bytes_per_slot) // bytes_per_page
     if num_pages < 1:
         raise ValueError(f"cache budget of {budget} bytes leaves no room for a single page "
-                         f"({bytes_per_page} bytes per page, {num_slots} slots of {bytes_per_slot} bytes)")
-    return CachePlan(int(num_pages), int(num_slots), spec.page_size, bytes_per_page, bytes_per_slot)
+                         f"({bytes_per_page} bytes per page, {num_slots} slots and {num_checkpoints} "
+                         f"checkpoints of {bytes_per_slot} bytes)")
+    return CachePlan(int(num_pages), int(num_slots), spec.page_size, bytes_per_page, bytes_per_slot,
+                     int(num_checkpoints))
 
 
 def _free_memory(device) -> int:
@@ -76,48 +93,279 @@ def _free_memory(device) -> int:
     return int(psutil.virtual_memory().available)
 
 
+@dataclass
+class PrefixMatch:
+    """What a lookup found for a request: reuse the first ``num_tokens`` tokens."""
+
+    num_tokens: int = 0
+    pages: list[tuple[bytes, str, int]] = field(default_factory=list)   # (key, tier, pool page or 0)
+    checkpoint: tuple[bytes, str] | None = None                          # (key, tier)
+    page_match_tokens: int = 0     # tokens whose pages exist (may run past the last checkpoint)
+
+    @property
+    def pool_pages(self) -> list[int]:
+        return [p for _, tier, p in self.pages if tier == "pool"]
+
+
 class CacheManager:
-    def __init__(self, spec: CacheSpec, plan: CachePlan, dtype: torch.dtype, device="cpu"):
+    def __init__(self, spec: CacheSpec, plan: CachePlan, dtype: torch.dtype, device="cpu",
+                 prefix_caching: bool = False, fingerprint: str = "", host_cache_memory: int = 0,
+                 disk_cache_dir: str | None = None, disk_cache_bytes: int | None = None):
         self.spec = spec
         self.plan = plan
-        self.tensors = CacheTensors.allocate(spec, plan.num_pages + 1, plan.num_slots, dtype, device)
-        self.pages = FreeList(plan.num_pages, "pages")
+        rows = 1 + plan.num_slots + plan.num_checkpoints if spec.needs_state_slot else 0
+        self.tensors = allocate_pools(spec, plan.num_pages + 1, rows, dtype, device)
+        self.snapshots = StateSnapshots(self.tensors)
+        self.prefix_caching = prefix_caching
+        self.stateful = spec.needs_state_slot
+        self._root = root_key(f"{fingerprint}|{spec.page_size}|{spec.kpool}|{dtype}")
+        self.tiers = None
+        if prefix_caching and (host_cache_memory or disk_cache_dir):
+            self.tiers = CacheTiers(host_cache_memory, disk_cache_dir, disk_cache_bytes, namespace=self._root.hex())
+        self.pages = PagePool(plan.num_pages, on_evict=self._offload_page, on_forget=self._forget)
         self.slots = FreeList(plan.num_slots, "state slots")
+        self.checkpoints = CheckpointPool(self.snapshots, 1 + plan.num_slots, plan.num_checkpoints,
+                                          on_evict=self._offload_checkpoint)
+        self.counters = {"queries": 0, "hits": 0, "hits_pool": 0, "hits_host": 0, "hits_disk": 0,
+                         "checkpoint_restores": 0}
 
     @property
     def page_size(self) -> int:
         return self.spec.page_size
 
+    # ---- keys and lookup -------------------------------------------------------------------------
+    def block_keys(self, req, num_pages: int) -> list[bytes]:
+        extend_keys(req.block_keys, req.all_token_ids[: num_pages * self.page_size], self.page_size, self._root)
+        return req.block_keys[:num_pages]
+
+    def match(self, req) -> PrefixMatch:
+        """The longest reusable prefix of a waiting ``req`` (always leaving its last token to
+        compute); also sets where its prefill will pause for checkpoints."""
+        found = self._lookup(req)
+        req.checkpoint_stops = self._checkpoint_stops(req, found)
+        return found
+
+    def _lookup(self, req) -> PrefixMatch:
+        if not self.prefix_caching:
+            return PrefixMatch()
+        keys = self.block_keys(req, (req.num_tokens - 1) // self.page_size)
+        pages: list[tuple[bytes, str, int]] = []
+        for k in keys:
+            p = self.pages.page_of.get(k)
+            if p is not None:
+                pages.append((k, "pool", p))
+                continue
+            tier = self._tier_of("page", k, req)
+            if tier is None:
+                break
+            pages.append((k, tier, 0))
+        found = PrefixMatch(page_match_tokens=len(pages) * self.page_size)
+        usable = len(pages)
+        if self.stateful:
+            usable = 0
+            for n in range(len(pages), 0, -1):
+                k = pages[n - 1][0]
+                tier = "pool" if k in self.checkpoints else self._tier_of("checkpoint", k, req)
+                if tier is not None:
+                    usable, found.checkpoint = n, (k, tier)
+                    break
+        found.pages = pages[:usable]
+        found.num_tokens = usable * self.page_size
+        return found
+
+    def _tier_of(self, kind: str, key: bytes, req) -> str | None:
+        if (kind, key) in req.staged:
+            return "disk"
+        return self.tiers.tier_of(kind, key) if self.tiers else None
+
+    def needs_load(self, match: PrefixMatch, req) -> bool:
+        """True when part of the hit sits on disk and is not staged yet: start it loading off the
+        step (the request waits; others are not held up)."""
+        wanted = [("page", k) for k, tier, _ in match.pages if tier == "disk"]
+        if match.checkpoint and match.checkpoint[1] == "disk":
+            wanted.append(("checkpoint", match.checkpoint[0]))
+        missing = [w for w in wanted if w not in req.staged]
+        if not missing:
+            return False
+        self.tiers.prefetch(missing, req.staged)
+        return True
+
+    # ---- admission -------------------------------------------------------------------------------
     def pages_needed(self, req, num_tokens: int) -> int:
         """Extra pages ``req`` needs to hold ``num_tokens`` tokens in total."""
         return max(0, -(-num_tokens // self.page_size) - len(req.pages))
 
-    def can_admit(self, req, num_tokens: int) -> bool:
-        need_slot = self.spec.needs_state_slot and req.slot == 0
-        if need_slot and self.slots.num_free == 0:
+    def can_admit(self, req, num_tokens: int, match: PrefixMatch | None = None) -> bool:
+        if self.stateful and req.slot == 0 and self.slots.num_free == 0:
             return False
-        return self.pages_needed(req, num_tokens) <= self.pages.num_free
+        if match is None or not match.pages:
+            return self.pages_needed(req, num_tokens) <= self.pages.num_free
+        hit_pool = match.pool_pages
+        need = -(-num_tokens // self.page_size) - len(hit_pool)
+        reclaimable = self.pages.num_free - sum(1 for p in hit_pool if self.pages.is_evictable(p))
+        return need <= reclaimable
+
+    def admit(self, req, match: PrefixMatch, num_tokens: int) -> None:
+        """Give a waiting request its hit pages (loading lower-tier ones), restore the hit's
+        checkpoint into its slot, then grow it to ``num_tokens``."""
+        # read lower-tier data first: allocating pool pages below may push host entries out
+        loads = {key: self._tier_data("page", key, tier, req) for key, tier, _ in match.pages if tier != "pool"}
+        ckpt = None
+        if match.checkpoint is not None and match.checkpoint[1] != "pool":
+            ckpt = self._tier_data("checkpoint", *match.checkpoint, req)
+        self.pages.acquire(match.pool_pages)       # before allocating, so allocation cannot evict them
+        table, parent = [], None
+        for key, tier, page in match.pages:
+            if tier != "pool":
+                page = self.pages.allocate(1)[0]
+                self._write_page(loads[key], page)
+                self.pages.register(page, key, parent)
+            table.append(page)
+            parent = key
+        req.pages = table
+        self._take_slot(req)
+        if match.checkpoint is not None:
+            key, tier = match.checkpoint
+            if tier == "pool":
+                self.checkpoints.restore(key, req.slot)
+            else:
+                self.snapshots.load(ckpt, req.slot)
+                self.checkpoints.store(key, ckpt)
+            self.counters["checkpoint_restores"] += 1
+        req.staged.clear()
+        req.num_computed_tokens = match.num_tokens
+        if req.prompt_logprobs is not None:
+            # tokens inside the hit are not recomputed: their prompt logprob is None, like token 0's
+            upto = min(match.num_tokens, req.num_prompt_tokens - 1) + 1
+            req.prompt_logprobs.extend([None] * (upto - len(req.prompt_logprobs)))
+        if req.num_cached_tokens is None:
+            req.num_cached_tokens = min(match.num_tokens, req.num_prompt_tokens)
+            self._count_query(req, match)
+        self.grow(req, num_tokens)
+
+    def _count_query(self, req, match: PrefixMatch) -> None:
+        c = self.counters
+        c["queries"] += req.num_prompt_tokens
+        c["hits"] += req.num_cached_tokens
+        for _, tier, _ in match.pages[: req.num_cached_tokens // self.page_size]:
+            c[f"hits_{tier}"] += self.page_size
+
+    def _checkpoint_stops(self, req, match: PrefixMatch) -> list[int]:
+        """Page-aligned positions where this prefill must pause so a checkpoint is taken there."""
+        if not (self.prefix_caching and self.stateful and self.checkpoints.capacity):
+            return []
+        last_full = (req.num_tokens - 1) // self.page_size * self.page_size
+        stops = {last_full, match.page_match_tokens}
+        return sorted(s for s in stops if match.num_tokens < s < req.num_tokens)
+
+    def _take_slot(self, req) -> None:
+        if self.stateful and req.slot == 0:
+            req.slot = self.slots.allocate(1)[0]
+            self.snapshots.clear(req.slot)
 
     def grow(self, req, num_tokens: int) -> None:
         """Give ``req`` a state slot (if the model keeps state) and pages for ``num_tokens``."""
-        if self.spec.needs_state_slot and req.slot == 0:
-            req.slot = self.slots.allocate(1)[0]
-            self.tensors.clear_slot(req.slot)
+        self._take_slot(req)
         req.pages.extend(self.pages.allocate(self.pages_needed(req, num_tokens)))
 
     def release(self, req) -> None:
-        """Return every page and the slot of ``req`` (finish, abort, preemption)."""
+        """Drop the references of ``req`` (finish, abort, preemption): private pages are freed,
+        registered full pages stay cached until their space is needed."""
         if req.pages:
-            self.pages.free(req.pages)
+            self.pages.release(req.pages)
             req.pages = []
         if req.slot:
-            self.tensors.clear_slot(req.slot)
+            self.snapshots.clear(req.slot)
             self.slots.free([req.slot])
             req.slot = 0
+        req.staged.clear()
 
+    # ---- after a step ----------------------------------------------------------------------------
+    def commit(self, req, computed_before: int, prefill: bool) -> None:
+        """``req`` now has ``req.num_computed_tokens`` tokens in the cache: register its newly full
+        pages and take the checkpoints due at this position."""
+        if not self.prefix_caching:
+            return
+        done = req.num_computed_tokens
+        full = done // self.page_size
+        first = computed_before // self.page_size
+        if full > first:
+            keys = self.block_keys(req, full)
+            for i in range(first, full):
+                self.pages.register(req.pages[i], keys[i], keys[i - 1] if i else None)
+        if not (self.stateful and done % self.page_size == 0 and full > first):
+            return
+        key = self.block_keys(req, full)[-1]
+        if prefill:
+            self.checkpoints.save(key, req.slot)
+            return
+        # decode: keep only the newest boundary of this request's output
+        if req.rolling_checkpoint is not None and req.rolling_checkpoint != key:
+            self.checkpoints.drop(req.rolling_checkpoint)
+        if self.checkpoints.save(key, req.slot):
+            req.rolling_checkpoint = key
+
+    # ---- tiers -----------------------------------------------------------------------------------
+    def export_page(self, page: int) -> dict[str, torch.Tensor]:
+        out = {}
+        for p in self.spec.pools():
+            if p.unit == "page":
+                t = self.tensors.pools[p.name]
+                out[p.name] = t[:, page * p.per_unit:(page + 1) * p.per_unit].to("cpu", copy=True)
+        return out
+
+    def _write_page(self, data: dict[str, torch.Tensor], page: int) -> None:
+        for p in self.spec.pools():
+            if p.unit == "page":
+                self.tensors.pools[p.name][:, page * p.per_unit:(page + 1) * p.per_unit].copy_(data[p.name])
+
+    def _tier_data(self, kind: str, key: bytes, tier: str, req) -> dict[str, torch.Tensor]:
+        return req.staged[(kind, key)] if tier == "disk" else self.tiers.get(kind, key)
+
+    def _offload_page(self, key: bytes, page: int) -> bool:
+        if self.tiers is None:
+            return False
+        return self.tiers.put("page", key, self.export_page(page))
+
+    def _offload_checkpoint(self, key: bytes, row: int) -> None:
+        if self.tiers is not None:
+            self.tiers.put("checkpoint", key, self.snapshots.export(row))
+
+    def _forget(self, key: bytes) -> None:
+        """A page key left the pool: its checkpoint is only useful while a tier keeps the page."""
+        if key in self.checkpoints and not (self.tiers and self.tiers.tier_of("page", key)):
+            self.checkpoints.drop(key)
+
+    def close(self) -> None:
+        """Write back: every cached page and checkpoint goes to the disk tier (if there is one),
+        so a server restarted on the same directory finds them; then stop the loader thread."""
+        if self.tiers is None:
+            return
+        if self.tiers.disk is not None:
+            for key, page in list(self.pages.page_of.items()):
+                self.tiers.persist("page", key, self.export_page(page))
+            for key, row in self.checkpoints.items():
+                self.tiers.persist("checkpoint", key, self.snapshots.export(row))
+        self.tiers.close()
+
+    # ---- reporting -------------------------------------------------------------------------------
     def usage(self) -> dict[str, int]:
-        return {
+        out = {
             "pages_total": self.pages.capacity, "pages_used": self.pages.num_used,
-            "pages_free": self.pages.num_free, "slots_total": self.slots.capacity,
-            "slots_used": self.slots.num_used, "slots_free": self.slots.num_free,
+            "pages_free": self.pages.num_free - self.pages.num_cached, "pages_cached": self.pages.num_cached,
+            "slots_total": self.slots.capacity, "slots_used": self.slots.num_used,
+            "slots_free": self.slots.num_free,
+            "checkpoints_total": self.checkpoints.capacity, "checkpoints_used": self.checkpoints.num_used,
         }
+        if self.tiers is not None:
+            out.update(self.tiers.usage())
+        return out
+
+    def prefix_stats(self) -> dict[str, int]:
+        out = {f"prefix_cache_{k}": v for k, v in self.counters.items()}
+        out["prefix_cache_page_evictions"] = self.pages.num_evicted
+        out["prefix_cache_checkpoint_evictions"] = self.checkpoints.num_evicted
+        out["prefix_cache_checkpoints_saved"] = self.checkpoints.num_saved
+        if self.tiers is not None:
+            out.update({f"prefix_cache_{k}": v for k, v in self.tiers.counters.items()})
+        return out
