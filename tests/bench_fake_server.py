@@ -4,7 +4,10 @@ Tokens are whitespace-separated words (the bench's no-tokenizer approximation), 
 reported counts line up. Knobs (mutable at runtime through `FakeServer.cfg`): time to first
 token, per-token delay, max running requests (the rest queue and show up as
 `flashlane:num_requests_waiting`), error injection, a context limit, early EOS when
-ignore_eos is off.
+ignore_eos is off, and a prefix cache: `cached_tokens` is the longest word prefix shared with an
+earlier prompt plus its generated words (all but the last, which never ran through the model),
+capped at prompt length - 1 and, with `page_size` set, rounded down to whole pages (the page size
+is then advertised like flashlane does, in /v1/models `data[0].flashlane.page_size`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class FakeConfig:
     report_usage: bool = True
     cache_bytes_per_token: int = 1536
     tokens_per_chunk: int = 1
+    page_size: int | None = None  # None: token-granular cache, no page size advertised
     seed: int = 0
 
 
@@ -53,16 +57,17 @@ def _prompt_words(body: dict) -> list[str]:
     return str(body.get("prompt", "")).split()
 
 
-def _cached(prompts: list, words: list[str]) -> int:
+def _cached(entries: list, words: list[str], page_size: int | None) -> int:
     best = 0
-    for p in prompts:
+    for p in entries:
         n = 0
         for a, b in zip(p, words):
             if a != b:
                 break
             n += 1
         best = max(best, n)
-    return best
+    best = max(0, min(best, len(words) - 1))
+    return best // page_size * page_size if page_size else best
 
 
 def make_app(cfg: FakeConfig, state: FakeState) -> FastAPI:
@@ -81,8 +86,11 @@ def make_app(cfg: FakeConfig, state: FakeState) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": cfg.model, "object": "model", "owned_by": "fake",
-                                            "metadata": {"cache_bytes_per_token": cfg.cache_bytes_per_token}}]}
+        card = {"id": cfg.model, "object": "model", "owned_by": "fake",
+                "metadata": {"cache_bytes_per_token": cfg.cache_bytes_per_token}}
+        if cfg.page_size:
+            card["flashlane"] = {"page_size": cfg.page_size}
+        return {"object": "list", "data": [card]}
 
     @app.get("/metrics")
     async def metrics():
@@ -109,8 +117,9 @@ def make_app(cfg: FakeConfig, state: FakeState) -> FastAPI:
         max_tokens = int(body.get("max_tokens") or 16)
         ignore_eos = bool(body.get("ignore_eos"))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        cached = _cached(state.prompts, words)
-        state.prompts.append(words)
+        cached = _cached(state.prompts, words, cfg.page_size)
+        entry = list(words)  # cached from prefill on; the generated words join it at the end
+        state.prompts.append(entry)
         del state.prompts[:-256]
         mid_error = bool(cfg.midstream_error_every and n % cfg.midstream_error_every == 0)
         rid = f"cmpl-{n}"
@@ -136,10 +145,13 @@ def make_app(cfg: FakeConfig, state: FakeState) -> FastAPI:
                 try:
                     await asyncio.sleep(cfg.ttft_s)
                     produced, finish = 0, "length"
+                    out_words = []
                     while produced < max_tokens:
                         k = min(cfg.tokens_per_chunk, max_tokens - produced)
                         produced += k
-                        yield chunk(" ".join(f"tok{(produced - k + i) % 7}" for i in range(k)) + " ")
+                        piece = [f"tok{(produced - k + i) % 7}" for i in range(k)]
+                        out_words += piece
+                        yield chunk(" ".join(piece) + " ")
                         if mid_error and produced >= max_tokens // 2:
                             yield f"data: {json.dumps({'error': {'message': 'injected mid-stream'}})}\n\n"
                             return
@@ -147,6 +159,7 @@ def make_app(cfg: FakeConfig, state: FakeState) -> FastAPI:
                             finish = "stop"
                             break
                         await asyncio.sleep(cfg.token_delay_s)
+                    entry.extend(out_words[:-1])
                     yield chunk(finish=finish)
                     if include_usage and cfg.report_usage:
                         yield chunk(usage={"prompt_tokens": len(words), "completion_tokens": produced,

@@ -18,7 +18,7 @@ class ByteTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(text.encode())
 
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+    def decode(self, ids, skip_special_tokens: bool = True, spaces_between_special_tokens: bool = False) -> str:
         return bytes(i for i in ids if i > 2).decode("utf-8", errors="replace")
 
 

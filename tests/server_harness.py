@@ -12,6 +12,7 @@ import uvicorn
 
 from flashlane.engine.async_engine import AsyncEngine
 from flashlane.server.app import create_app
+from flashlane.server.connections import ConnectionLimits, uvicorn_config
 
 # small pools: every test server allocates its own cache
 ENGINE_ARGS = dict(dtype="float32", cache_memory=48 << 20, max_model_len=512)
@@ -26,16 +27,21 @@ def free_port() -> int:
 class LiveServer:
     def __init__(self, loaded, served_model_name: str = "tiny-flash", api_key: str | None = None,
                  max_queue: int | None = None, max_body_bytes: int | None = None, graceful_s: float = 5.0,
+                 connection_limits: ConnectionLimits | None = None, max_seqs_per_request: int | None = None,
                  **engine_args):
         self.engine = AsyncEngine(loaded, **{**ENGINE_ARGS, **engine_args})
         kw = {} if max_body_bytes is None else {"max_body_bytes": max_body_bytes}
+        if max_seqs_per_request is not None:
+            kw["max_seqs_per_request"] = max_seqs_per_request
         self.app = create_app(self.engine, served_model_name, api_key=api_key, max_queue=max_queue, **kw)
         self.model = served_model_name
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    timeout_graceful_shutdown=graceful_s, access_log=False))
+        # the protocol and timeouts `flashlane serve` runs with
+        self.server = uvicorn.Server(uvicorn_config(self.app, "127.0.0.1", self.port, connection_limits,
+                                                    log_level="warning", timeout_graceful_shutdown=graceful_s,
+                                                    access_log=False))
         self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
 
     def __enter__(self) -> "LiveServer":

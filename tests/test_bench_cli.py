@@ -21,7 +21,7 @@ def test_bench_never_imports_engine_models_server_or_torch():
 def test_bench_cli_concurrency_sweep_writes_one_folder_per_point(fake_server, tmp_path):
     out = tmp_path / "sweep"
     r = run_cli(["bench", "--base-url", fake_server.url, "--workload", "fixed", "--input-len", "16",
-                 "--output-len", "4", "--concurrency", "1,2", "--num-sessions", "4", "--seed", "9",
+                 "--output-len", "4", "--concurrency", "1,2", "--num-requests", "4", "--seed", "9",
                  "--output-dir", str(out), "--no-progress", "--slo", "ttft=5,e2e=10"])
     assert r.returncode == 0, r.stderr
     assert "| c1 |" in r.stdout and "| c2 |" in r.stdout
@@ -40,7 +40,7 @@ def test_bench_cli_request_rate_sweep_folders(fake_server, tmp_path):
     out = tmp_path / "rates"
     r = run_cli(["bench", "--base-url", fake_server.url, "--model", "fake-model", "--workload", "fixed",
                  "--input-len", "8", "--output-len", "2", "--request-rate", "50,100",
-                 "--num-sessions", "3", "--output-dir", str(out), "--no-progress", "--no-telemetry"])
+                 "--num-requests", "3", "--output-dir", str(out), "--no-progress", "--no-telemetry"])
     assert r.returncode == 0, r.stderr
     assert (out / "r50" / "summary.json").is_file() and (out / "r100" / "summary.json").is_file()
     assert not (out / "r50" / "telemetry").exists()

@@ -65,8 +65,14 @@ def test_duration_stops_dispatch_at_the_deadline(fake_server, tmp_path):
     (_, s, d), = run_bench(c)
     s, recs, sess = check_run(d, build_source(c))
     deadline = s["window_start"] + 0.8
-    assert all(r.send_time <= deadline + 0.1 for r in recs)
-    assert s["window_end"] >= deadline and s["window_s"] >= 0.8
+    # A request goes out only if the deadline had not passed when its issue time came, so none
+    # is planned after it (1 ms: a timer may fire a clock tick early); a busy machine only delays
+    # the check, which stops more. Between the check and send_time there is no await, just CPU
+    # (prompt text, request body): a generous bound, still far short of an unstopped run.
+    assert recs and all(r.issue_time <= deadline + 1e-3 for r in recs)
+    assert all(r.send_time <= deadline + 0.5 for r in recs)
+    # window_s is end - start in floats: (start + 0.8) - start may come out 0.7999999999999545
+    assert s["window_end"] >= deadline and s["window_s"] >= 0.8 - 1e-9
     assert "deadline" in s["sessions"]["ended_by"]
 
 

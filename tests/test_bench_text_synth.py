@@ -48,3 +48,21 @@ def test_nonce_and_bad_tokenizer_spec(tmp_path):
     assert load_tokenizer(None) is None
     with pytest.raises(ValueError, match="tokenizer"):
         load_tokenizer(str(tmp_path / "nothing-here"))
+
+
+def test_a_name_is_resolved_by_the_callers_resolver_only(bpe):
+    """The bench reads tokenizers by path; a name (e.g. a flashlane preset) goes through the
+    caller's resolver, never through an import of flashlane.presets."""
+    asked = []
+
+    def resolve(name):
+        asked.append(name)
+        return str(bpe.parent) if name == "my-preset" else None
+
+    assert load_tokenizer("my-preset", resolve).get_vocab_size() == Tokenizer.from_file(str(bpe)).get_vocab_size()
+    with pytest.raises(ValueError, match="tokenizer: 'other'"):
+        load_tokenizer("other", resolve)
+    assert asked == ["my-preset", "other"]
+    with pytest.raises(ValueError, match="tokenizer: 'my-preset'"):
+        load_tokenizer("my-preset")  # no resolver: a name is not a path
+    assert load_tokenizer(str(bpe), resolve) is not None and asked == ["my-preset", "other"]  # paths: no lookup

@@ -50,7 +50,7 @@ def test_multiturn_shared_prefix(server_url, is_fake, tmp_path):
     assert len(recs) == 9 and s["requests"]["warmup"] == 0
     assert s["cache"]["theoretical_hit_rate"] > 0.5
     if is_fake:
-        assert s["cache"]["observed_hit_rate"] > 0.5
+        assert s["cache"]["prefix_cache_hit_rate"] > 0.5
 
 
 def test_fixed_open_loop_with_warmup(server_url, is_fake, fake_server_session, tmp_path):

@@ -133,11 +133,26 @@ def test_prompt_that_can_never_fit_is_rejected():
         eng.add_request("empty", [], SamplingParams(max_tokens=4))
     with pytest.raises(ValueError, match="token ids"):
         eng.add_request("bad", [1, 2, 10**6], SamplingParams(max_tokens=4))
-    # a request that fits only if its output is cut gets max_tokens shortened, and finishes
-    req = eng.add_request("edge", list(range(3, 60)), SamplingParams(max_tokens=100, ignore_eos=True))
+    # a request that fits only if its output is cut is refused (OpenAI / vLLM), not shortened;
+    # the caller's params are left as they were
+    params = SamplingParams(max_tokens=100, ignore_eos=True)
+    with pytest.raises(ValueError, match=r"maximum context length is 64 tokens.*requested 157 tokens "
+                                         r"\(57 in the prompt, 100 in the completion\)"):
+        eng.add_request("edge", list(range(3, 60)), params)
+    assert params.max_tokens == 100 and "edge" not in eng.requests
+    # max_tokens=None: the rest of the context, kept on the request, never written into params
+    params = SamplingParams(max_tokens=None, ignore_eos=True)
+    req = eng.add_request("rest", list(range(3, 60)), params)
     while eng.has_unfinished():
         eng.step()
-    assert len(req.output_token_ids) == 64 - 57
+    assert len(req.output_token_ids) == req.max_tokens == 64 - 57
+    assert params.max_tokens is None and req.finish_reason == "length"
+    # the offline LLM says the same, and leaves none of the batch queued
+    llm = LLM(m, dtype="float32", num_pages=4, page_size=16)
+    with pytest.raises(ValueError, match="maximum context length is 64 tokens"):
+        llm.generate([[5, 6, 7], list(range(3, 60))], SamplingParams(max_tokens=10, ignore_eos=True))
+    assert not llm.engine.has_unfinished()
+    assert [len(o.token_ids) for o in llm.generate([[5, 6, 7]], SamplingParams(max_tokens=10, ignore_eos=True))] == [10]
 
 
 def test_logprobs_and_prompt_logprobs_shapes():

@@ -77,29 +77,38 @@ def _sha(path):
 
 
 def test_preset_folder_is_a_real_hf_folder_made_once(cache):
-    folder = presets.preset_path("tiny-standard")
+    from flashlane.models.registry import preset_folder
+
+    with pytest.raises(presets.PresetError, match="has not been created yet"):
+        presets.preset_path("tiny-standard")  # the torch-free module never writes weights itself
+    assert presets.tokenizer_file("tiny-standard") is None  # (what the CLI hands the bench)
+    folder = preset_folder("tiny-standard")
+    assert presets.tokenizer_file("tiny-standard") == folder / "tokenizer.json"
+    assert presets.tokenizer_file("no-such-preset") is None
     assert folder.parent == cache and folder.name.startswith("tiny-standard-")
     names = {p.name for p in folder.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= names
     assert json.loads((folder / "config.json").read_text()) == presets.preset_config("tiny-standard")
     assert "chat_template" in json.loads((folder / "tokenizer_config.json").read_text())
     stamp = (folder / "model.safetensors").stat().st_mtime_ns
-    assert presets.preset_path("tiny-standard") == folder
+    assert presets.preset_path("tiny-standard") == preset_folder("tiny-standard") == folder
     assert (folder / "model.safetensors").stat().st_mtime_ns == stamp
     assert [p.name for p in cache.iterdir()] == [folder.name]  # no temp folders left behind
     with pytest.raises(presets.PresetError, match="has not been created yet"):
-        presets.preset_path("tiny-flash", create=False)
+        presets.preset_path("tiny-flash")
 
 
 def test_preset_weights_are_seeded(cache, tmp_path, monkeypatch):
-    first = _sha(presets.preset_path("tiny-flash") / "model.safetensors")
+    from flashlane.models.registry import preset_folder
+
+    first = _sha(preset_folder("tiny-flash") / "model.safetensors")
     monkeypatch.setenv("FLASHLANE_CACHE", str(tmp_path / "other"))
-    assert _sha(presets.preset_path("tiny-flash") / "model.safetensors") == first
+    assert _sha(preset_folder("tiny-flash") / "model.safetensors") == first
 
 
 @pytest.mark.slow
 def test_concurrent_creation_is_safe(cache):
-    code = "import flashlane.presets as p; print(p.preset_path('tiny-flash'))"
+    code = "from flashlane.models.registry import preset_folder; print(preset_folder('tiny-flash'))"
     env = {"FLASHLANE_CACHE": str(cache), "PATH": "/usr/bin:/bin"}
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               env=env, text=True) for _ in range(3)]

@@ -4,6 +4,7 @@ or running neither kills the stepping thread nor leaks (the client hung up at on
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -37,14 +38,17 @@ def _wait_until(cond, timeout=10.0):
 def test_cancel_while_the_add_is_queued_keeps_the_engine_alive():
     eng = _engine()
     try:
+        gate = threading.Event()
+
         async def scenario():
-            eng._call(time.sleep, 0.3)              # the stepping thread is busy
+            eng._call(gate.wait, 30)                # the stepping thread is busy until the gate opens
             task = asyncio.ensure_future(_consume(eng, "queued"))
-            await asyncio.sleep(0.05)               # its add is waiting behind the sleep
+            await asyncio.sleep(0.05)               # the task has run: its add waits behind the gate
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-            await asyncio.sleep(0.5)
-            return await eng.stats_snapshot()
+            gate.set()
+            # commands run in order: the snapshot is taken after the add was skipped and the abort ran
+            return await eng.stats_snapshot(timeout=30)
 
         stats = asyncio.run(scenario())
         assert eng.alive, eng.error
@@ -57,21 +61,28 @@ def test_cancel_while_the_add_is_queued_keeps_the_engine_alive():
 def test_cancel_while_the_add_is_running_aborts_the_request():
     eng = _engine()
     real_add = eng.engine.add_request
+    started, release = threading.Event(), threading.Event()
 
     def slow_add(*args):
-        time.sleep(0.3)
+        started.set()
+        release.wait(30)
         return real_add(*args)
 
     eng.engine.add_request = slow_add
     try:
         async def scenario():
             task = asyncio.ensure_future(_consume(eng, "running"))
-            await asyncio.sleep(0.1)                # the add has started on the engine thread
+            for _ in range(3000):                   # wait (<= 30 s) until the add runs on the engine thread
+                if started.is_set():
+                    break
+                await asyncio.sleep(0.01)
+            assert started.is_set()
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+            release.set()
 
         asyncio.run(scenario())
-        _wait_until(lambda: eng.engine.finish_reasons["abort"] == 1)  # the add completes, then the abort
+        _wait_until(lambda: eng.engine.finish_reasons["abort"] == 1, timeout=30)  # the add completes, then the abort
         assert eng.alive
         assert not eng.engine.requests
         assert eng.engine.cache.usage()["pages_used"] == 0

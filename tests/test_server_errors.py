@@ -126,10 +126,18 @@ def test_context_errors_say_context_length_exceeded(server):
     assert str(MAX_LEN) in r.json()["error"]["message"]
 
 
-def test_max_tokens_beyond_context_is_capped_not_refused(server):
+def test_max_tokens_beyond_context_is_refused_not_capped(server):
     r = httpx.post(server.url + CMPL, json=c(prompt=[7] * (MAX_LEN - 3), max_tokens=1000, ignore_eos=True), timeout=60)
-    assert r.status_code == 200
-    assert r.json()["usage"]["completion_tokens"] == 3
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "context_length_exceeded" and err["param"] == "max_tokens"
+    assert f"maximum context length is {MAX_LEN} tokens" in err["message"]
+    assert f"you requested {MAX_LEN - 3 + 1000} tokens ({MAX_LEN - 3} in the prompt, 1000 in the completion)" \
+        in err["message"]
+    # without max_tokens the completion gets what fits (at most the endpoint's default of 16)
+    r = httpx.post(server.url + CMPL, json=without(c(prompt=[7] * (MAX_LEN - 3), ignore_eos=True), "max_tokens"),
+                   timeout=60)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
     assert r.json()["choices"][0]["finish_reason"] == "length"
 
 

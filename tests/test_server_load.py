@@ -107,8 +107,15 @@ def test_clients_closing_mid_request_free_everything(server):
              for i in range(2)]
     for t in threads:
         t.join(120)
+    # Hang up only once the two posts are really running: the four streams' aborts are counted
+    # and two requests still run, which can only be these (on a busy machine the posts may not
+    # even have been read yet when the streams are done).
     deadline = time.monotonic() + 60
-    while server.gauge("flashlane:num_requests_running") < 2 and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        m = server.metrics()
+        if (metric(m, "flashlane:request_success_total", finished_reason="abort") - aborted0 >= 4
+                and metric(m, "flashlane:num_requests_running") >= 2):
+            break
         time.sleep(0.05)
     for s in socks:
         s.close()
@@ -140,7 +147,13 @@ def test_queue_overflow_is_429_then_recovers(loaded):
             oc.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
         with pytest.raises(openai.BadRequestError):  # can never fit, whatever the load
             oc.completions.create(model=MODEL, prompt="x", n=4, max_tokens=2)
-        m = srv.metrics()
+        # a 200 comes back when the stream opens, maybe before the engine has scheduled it
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            m = srv.metrics()
+            if metric(m, "flashlane:num_requests_running") + metric(m, "flashlane:num_requests_waiting") == 3:
+                break
+            time.sleep(0.05)
         assert metric(m, "flashlane:num_requests_running") == 2
         assert metric(m, "flashlane:num_requests_waiting") == 1
         assert metric(m, "flashlane:http_requests_total", status="429") == 2
@@ -171,6 +184,15 @@ def _drain(r) -> list[str]:
 
 def test_shutdown_drains_short_requests_and_fails_long_ones(loaded):
     srv = LiveServer(loaded, MODEL, graceful_s=3.0)
+    real_run = srv.engine.engine.runner.run
+
+    def paced_run(sched):
+        # >= 20 ms a step on any machine: the long request's 400 steps (>= 8 s) cannot finish in
+        # the 3 s grace period however fast the CPU, the short one's few steps easily do
+        time.sleep(0.02)
+        return real_run(sched)
+
+    srv.engine.engine.runner.run = paced_run
     with srv:
         c1, short = _open_stream(srv.url, {"model": MODEL, "prompt": "quick one", "max_tokens": 4,
                                            "temperature": 0, "ignore_eos": True})

@@ -120,11 +120,6 @@ class CacheSpec:
         return self.bytes_per_slot(dtype)
 
 
-def page_multiple(cfg: ModelConfig) -> int:
-    """Smallest page size every pool accepts (a pooled key must not straddle pages)."""
-    return max(cfg.index_kpool, 1)
-
-
 def chunk_multiple(cfg: ModelConfig, page_size: int) -> int:
     """Prefill chunk lengths are multiples of lcm(page_size, kpool, 64) (engine.md §a.6)."""
     m = page_size

@@ -1,6 +1,8 @@
 """Named models: two tiny random GLM checkpoints and the real SmolLM2-135M GGUF.
 
-Torch-free at import (``analyze`` reads the configs). The tiny presets are scaled-down copies
+Torch-free and free of model code (``analyze`` reads the configs; the random weights of a tiny
+preset are written by ``flashlane.models.registry.preset_folder``, so imports run one way,
+models -> presets). The tiny presets are scaled-down copies
 of GLM-5.3-Flash (``glm5_next``) and GLM-5.3 (``glm_moe_dsa``) with the SAME factors, so the
 real ratios between the two carry over:
   * widths (hidden, dense/expert FFN width, LoRA ranks) / 16: 4096:6144 -> 256:384
@@ -23,9 +25,9 @@ import tempfile
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the reserved tokens are special (dropped from output text by default)
 TINY_VOCAB = 4096
 SPECIAL_TOKENS = ["<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"]
 EOS_TOKENS = ["<|endoftext|>", "<|user|>", "<|observation|>"]  # a turn ends where another would begin
@@ -161,27 +163,45 @@ def _digest(preset: Preset) -> str:
     return h.hexdigest()[:12]
 
 
-def preset_path(name: str, create: bool = True) -> Path:
-    """The preset's checkpoint folder (tiny presets, made if ``create``) or GGUF file."""
+# (folder, HF config dict, seed) -> None: writes a checkpoint's tensors into folder
+WeightWriter = Callable[[Path, dict[str, Any], int], Any]
+
+
+def preset_path(name: str, write_weights: WeightWriter | None = None) -> Path:
+    """The preset's GGUF file, or its checkpoint folder (tiny presets). A missing folder is made
+    when ``write_weights`` is given (``flashlane.models.registry.preset_folder`` passes the
+    random-checkpoint writer; this module stays free of model code and torch), else PresetError."""
     preset = get_preset(name)
     if preset.kind == "gguf":
         return smollm2_gguf_path()
     folder = cache_dir() / f"{name}-{_digest(preset)}"
     if not folder.is_dir():
-        if not create:
+        if write_weights is None:
             raise PresetError(f"preset {name!r} has not been created yet (expected at {folder})")
-        _create(preset, folder)
+        _create(preset, folder, write_weights)
     return folder
 
 
-def _create(preset: Preset, folder: Path) -> None:
+def tokenizer_file(name: str) -> Path | None:
+    """The tokenizer.json of an already created tiny preset, else None (an unknown name, a preset
+    not made yet, or the GGUF preset, whose tokenizer lives inside the GGUF). Torch-free: the
+    resolver the CLI hands to the bench (``load_tokenizer(spec, resolve)``), which never imports
+    this module itself."""
+    if name not in PRESETS:
+        return None
+    try:
+        path = preset_path(name)
+    except PresetError:
+        return None
+    return path / "tokenizer.json" if (path / "tokenizer.json").is_file() else None
+
+
+def _create(preset: Preset, folder: Path, write_weights: WeightWriter) -> None:
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
         write_tiny_tokenizer(tmp, preset.config())
-        from .models.registry import write_random_checkpoint  # torch only when really creating
-
-        write_random_checkpoint(tmp, preset.config(), seed=preset.seed, storage_dtype="bfloat16")
+        write_weights(tmp, preset.config(), preset.seed)
         try:
             os.rename(tmp, folder)
         except OSError:
@@ -196,7 +216,8 @@ def _create(preset: Preset, folder: Path) -> None:
 def build_tiny_tokenizer():
     """Byte-level BPE of exactly TINY_VOCAB tokens: special tokens, learned merges, then plain
     ``<|reserved_i|>`` tokens filling the rest (the corpus runs out of merges first). Reserved
-    tokens are not special, so decoded text re-encodes to the same ids."""
+    tokens are special, as in real checkpoints: generated text drops them unless
+    ``skip_special_tokens=False`` (and that text re-encodes to the same ids)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -206,7 +227,7 @@ def build_tiny_tokenizer():
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(corpus_text().splitlines(keepends=True), trainer)
     missing = TINY_VOCAB - tok.get_vocab_size()
-    tok.add_tokens([AddedToken(f"<|reserved_{i}|>", normalized=False) for i in range(missing)])
+    tok.add_tokens([AddedToken(f"<|reserved_{i}|>", normalized=False, special=True) for i in range(missing)])
     return tok
 
 

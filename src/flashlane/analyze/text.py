@@ -8,26 +8,56 @@ from .params import COMPONENTS
 from .units import fmt_bytes, fmt_flops, fmt_number, fmt_params, fmt_ratio, fmt_seconds, fmt_usd, tokens_label
 
 
-def _row(label: str, values: list[str], ratio: str | None, widths: tuple[int, int]) -> str:
-    cells = "".join(v.rjust(widths[1]) for v in values)
-    return label.ljust(widths[0]) + cells + ("" if ratio is None else ratio.rjust(widths[1]))
+RATE_MARK = "^"
+
+
+class _Row:
+    """One table row; the widths are fixed once every row is known (see ``_layout``)."""
+
+    def __init__(self, label: str, values: list[str], ratio: str | None = None, rate: bool = False):
+        self.label, self.values, self.ratio, self.rate, self.note = label, values, ratio, rate, ""
+
+
+def _layout(lines: list) -> list[str]:
+    """Rows padded to the widest label and the widest cell, so every column lines up."""
+    rows = [r for r in lines if isinstance(r, _Row)]
+    label_w = max(len(r.label) for r in rows) + 2
+    cell_w = max(len(c) for r in rows for c in r.values + [r.ratio or ""]) + 3
+    out = []
+    for r in lines:
+        if not isinstance(r, _Row):
+            out.append(r)
+            continue
+        text = r.label.ljust(label_w) + "".join(v.rjust(cell_w) for v in r.values)
+        if r.ratio is not None:
+            text += r.ratio.rjust(cell_w) + (" " + RATE_MARK if r.rate else "  ")
+        out.append((text + r.note).rstrip())
+    return out
+
+
+def ratio_legend(model: str, baseline: str) -> list[str]:
+    """How the ratio column reads, said once above the table."""
+    return [f"ratios: baseline / model = {baseline} / {model} (above 1x: {baseline} has more)",
+            f"  costs (parameters, bytes, FLOPs, seconds, $): above 1x favours {model}",
+            f"  rates (rows marked {RATE_MARK}: tok/s, tokens and sequences that fit, tasks/hour): "
+            f"above 1x favours {baseline}",
+            ""]
 
 
 def render_text(report: dict) -> str:
     ms = report["models"]
     two = len(ms) == 2
-    w = (34, 18)
-    lines = []
-    lines.append(_row("", [m["name"][: w[1] - 1] for m in ms], "baseline/model" if two else None, w))
-    lines.append(_row("", [m["arch"] for m in ms], "" if two else None, w))
+    lines: list = ratio_legend(ms[0]["name"], ms[1]["name"]) if two else []
+    lines.append(_Row("", [m["name"] for m in ms], "baseline/model" if two else None))
+    lines.append(_Row("", [m["arch"] for m in ms], "" if two else None))
 
-    def add(label, get, fmt, ratio=True):
+    def add(label, get, fmt, ratio=True, rate=False):
         vals = [get(m) for m in ms]
         r = None
         if two:
             numbers = all(isinstance(v, (int, float)) for v in vals)
             r = fmt_ratio(vals[1] / vals[0]) if ratio and numbers and vals[0] and vals[1] else "-"
-        lines.append(_row(label, ["n/a" if v is None else fmt(v) for v in vals], r, w))
+        lines.append(_Row(label, ["n/a" if v is None else fmt(v) for v in vals], r, rate and r not in (None, "-")))
 
     def section(title):
         lines.append("")
@@ -36,12 +66,12 @@ def render_text(report: dict) -> str:
     section("layers")
     add("layers (KDA / DSA / attn)", lambda m: m["layers"]["total"],
         lambda v: str(v), ratio=False)
-    lines[-1] = _row("layers (KDA / DSA / attn)", [f"{m['layers']['kda']}/{m['layers']['dsa']}/{m['layers']['attn']}"
-                                                    for m in ms], "-" if two else None, w)
+    lines[-1] = _Row("layers (KDA / DSA / attn)", [f"{m['layers']['kda']}/{m['layers']['dsa']}/{m['layers']['attn']}"
+                                                    for m in ms], "-" if two else None)
     add("full indexer layers", lambda m: m["layers"]["full_indexer"], str)
     add("MoE / dense FFN layers", lambda m: m["layers"]["moe"], str, ratio=False)
-    lines[-1] = _row("MoE / dense FFN layers", [f"{m['layers']['moe']}/{m['layers']['dense']}" for m in ms],
-                     "-" if two else None, w)
+    lines[-1] = _Row("MoE / dense FFN layers", [f"{m['layers']['moe']}/{m['layers']['dense']}" for m in ms],
+                     "-" if two else None)
     section("parameters")
     add("total (with MTP)", lambda m: m["params"]["total"], fmt_params)
     add("total without MTP", lambda m: m["params"]["total_without_mtp"], fmt_params)
@@ -74,21 +104,21 @@ def render_text(report: dict) -> str:
     section(f"memory per device ({s['devices']} x {report['hardware']['name']}, weights {s['weight_dtype']}, "
             f"KV {s['kv_dtype']})")
     add("weights per device", lambda m: m["memory"]["weights_per_device"], fmt_bytes)
-    lines.append(_row("fits", ["yes" if m["memory"]["fits"] else "NO" for m in ms], "-" if two else None, w))
-    add("KV tokens per replica", lambda m: m["memory"]["kv_tokens_per_replica"], lambda v: f"{v:,}")
+    lines.append(_Row("fits", ["yes" if m["memory"]["fits"] else "NO" for m in ms], "-" if two else None))
+    add("KV tokens per replica", lambda m: m["memory"]["kv_tokens_per_replica"], lambda v: f"{v:,}", rate=True)
     for t in ctxs:
         add(f"max sequences @{tokens_label(int(t))}", lambda m, t=t: m["memory"]["max_sequences"][t],
-            lambda v: f"{v:,}")
+            lambda v: f"{v:,}", rate=True)
     section(f"roofline ({s['mfu']:.0%} FLOP/s, {s['mbu']:.0%} bandwidth)")
     for t in ctxs:
         add(f"decode tok/s B=1 @{tokens_label(int(t))}",
-            lambda m, t=t: m["roofline"]["decode"][t]["batch1"]["tokens_per_s"], fmt_number)
+            lambda m, t=t: m["roofline"]["decode"][t]["batch1"]["tokens_per_s"], fmt_number, rate=True)
         if not all(m["roofline"]["decode"][t]["batch1"]["fits"] for m in ms):
-            lines[-1] += "   (does not fit in memory: ideal rate shown)"
+            lines[-1].note += "   (does not fit in memory: ideal rate shown)"
     for t in ctxs:
         add(f"decode tok/s B<={s['batch']} @{tokens_label(int(t))}",
-            lambda m, t=t: m["roofline"]["decode"][t]["batch"]["tokens_per_s"], fmt_number)
-        lines[-1] += "   B=" + "/".join(str(m["roofline"]["decode"][t]["batch"]["size"]) for m in ms)
+            lambda m, t=t: m["roofline"]["decode"][t]["batch"]["tokens_per_s"], fmt_number, rate=True)
+        lines[-1].note += "   B=" + "/".join(str(m["roofline"]["decode"][t]["batch"]["size"]) for m in ms)
     for t in ctxs:
         add(f"prefill/TTFT {tokens_label(int(t))} prompt", lambda m, t=t: m["roofline"]["prefill"][t]["seconds"],
             fmt_seconds)
@@ -100,9 +130,9 @@ def render_text(report: dict) -> str:
         add(f"task time, {label}", lambda m, k=key: m["roofline"]["task"][k]["latency_s"], fmt_seconds)
         add(f"  mean TTFT, {label}", lambda m, k=key: m["roofline"]["task"][k]["mean_ttft_s"], fmt_seconds)
         add(f"  tasks/hour/replica, {label}", lambda m, k=key: m["roofline"]["task"][k]["tasks_per_hour"],
-            fmt_number)
+            fmt_number, rate=True)
         add(f"  $ per task, {label}", lambda m, k=key: m["roofline"]["task"][k]["usd_per_task"], fmt_usd)
-    lines[-1] += "   B=" + "/".join(str(m["roofline"]["task"]["cB"]["concurrency"]) for m in ms)
+    lines[-1].note += "   B=" + "/".join(str(m["roofline"]["task"]["cB"]["concurrency"]) for m in ms)
     if report["claims"]:
         lines.append("")
         lines.append("== public claims (ratios are baseline/model)")
@@ -116,7 +146,7 @@ def render_text(report: dict) -> str:
     lines.append("")
     lines.append("== assumptions")
     lines.extend(f"- {a}" for a in report["assumptions"])
-    return "\n".join(lines)
+    return "\n".join(_layout(lines))
 
 
 def _claim_value(key: str, v) -> str:

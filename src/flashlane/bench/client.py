@@ -54,8 +54,19 @@ def build_body(target: Target, messages: list[dict], max_tokens: int, ignore_eos
     if target.endpoint == "chat":
         body["messages"] = messages
     else:
-        body["prompt"] = "\n\n".join(m["content"] for m in messages)
+        body["prompt"] = completion_prompt(messages)
     return body
+
+
+def completion_prompt(messages: list[dict]) -> str:
+    """The message array as one `/v1/completions` prompt: messages separated by a blank line,
+    except that an assistant message follows its prompt directly, where the model wrote it, so
+    the next prompt starts with the previous prompt plus its output, token for token."""
+    out = ""
+    for m in messages:
+        sep = "" if not out or m["role"] == "assistant" else "\n\n"
+        out += sep + m["content"]
+    return out
 
 
 def classify_http_error(status: int, body: str) -> str:
@@ -75,6 +86,22 @@ def _delta_text(chunk: dict) -> str:
         d = c.get("delta") or {}
         return (d.get("content") or "") + (d.get("reasoning_content") or d.get("reasoning") or "")
     return c.get("text") or ""
+
+
+def _carries_tokens(chunk: dict) -> bool:
+    """A chunk that reports generated tokens: visible text, or an empty text delta mid-stream
+    (servers such as vLLM and flashlane stream one when the new tokens decode to nothing, e.g.
+    skipped special tokens). The chat role announcement and a bare finish chunk are not tokens."""
+    if _delta_text(chunk):
+        return True
+    choices = chunk.get("choices") or []
+    if not choices or choices[0].get("finish_reason"):
+        return False
+    c = choices[0]
+    if "delta" in c:
+        d = c.get("delta") or {}
+        return "role" not in d and isinstance(d.get("content"), str)
+    return isinstance(c.get("text"), str)
 
 
 async def send_request(client: httpx.AsyncClient, target: Target, messages: list[dict],
@@ -123,12 +150,11 @@ async def send_request(client: httpx.AsyncClient, target: Target, messages: list
                 choices = chunk.get("choices") or []
                 if choices and choices[0].get("finish_reason"):
                     finish = choices[0]["finish_reason"]
-                piece = _delta_text(chunk)
-                if piece:
+                if _carries_tokens(chunk):
                     if rec.first_token_time is None:
                         rec.first_token_time = t
                     chunk_times.append(t)
-                    pieces.append(piece)
+                    pieces.append(_delta_text(chunk))
     except asyncio.CancelledError:
         rec.end_time = now()
         _fail(rec, "cancelled", "request cancelled by the client")

@@ -22,7 +22,7 @@ from .report_rows import fmt, ms
 from .runner import BenchConfig, build_source, cdf_series, run_point, sweep_points
 from .records import read_requests, read_sessions
 from .server_launch import ServerProcess, free_port, serve_command
-from .text_synth import TextSynth, load_tokenizer
+from .text_synth import TextSynth, TokenizerResolver, load_tokenizer
 
 
 @dataclass
@@ -83,6 +83,9 @@ def compare_rows(sa: dict, sb: dict) -> list[tuple[str, str, str, str]]:
         line("output tokens / s", sa["throughput"]["output_tok_s"], sb["throughput"]["output_tok_s"]),
         line("total tokens / s", sa["throughput"]["total_tok_s"], sb["throughput"]["total_tok_s"]),
     ]
+    for key, label in (("prefix_cache_hit_rate", "prefix-cache hit (server)"),
+                       ("prefix_cache_hit_rate_theoretical", "prefix-cache hit (theoretical)")):
+        rows.append(line(label, sa["cache"].get(key), sb["cache"].get(key)))
     ca = (sa.get("server_info") or {}).get("cache_bytes_per_token")
     cb = (sb.get("server_info") or {}).get("cache_bytes_per_token")
     if ca is not None or cb is not None:
@@ -128,15 +131,18 @@ def served_model(t: CompareTarget) -> str | None:
     return None  # URL target: the runner takes the first model it lists
 
 
-def prompt_synth(cfg: BenchConfig, targets: list[CompareTarget]) -> tuple[BenchConfig, TextSynth]:
+def prompt_synth(cfg: BenchConfig, targets: list[CompareTarget],
+                 resolve: TokenizerResolver | None = None) -> tuple[BenchConfig, TextSynth]:
     """One text synthesizer for both targets (identical prompts): the given tokenizer, else the
-    first target whose model id names a preset with a tokenizer, else the approximation."""
-    tok = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else None
+    first target whose model id is a folder with a tokenizer or a name `resolve` maps to one (the
+    CLI's preset resolver; called after the servers are up, as they create presets), else the
+    approximation."""
+    tok = load_tokenizer(cfg.tokenizer, resolve) if cfg.tokenizer else None
     if tok is None:
         for t in targets:
             if t.model and not is_url(t.spec):
                 try:
-                    tok = load_tokenizer(t.model)
+                    tok = load_tokenizer(t.model, resolve)
                 except ValueError:
                     continue
                 cfg = replace(cfg, tokenizer=t.model)
@@ -146,8 +152,9 @@ def prompt_synth(cfg: BenchConfig, targets: list[CompareTarget]) -> tuple[BenchC
 
 def run_compare(a: str, b: str, base_cfg: BenchConfig, out_dir: Path, template: str | None = None,
                 extra_args: list[str] | None = None, startup_timeout_s: float = 300.0,
-                log=print) -> dict:
-    """Run the comparison; returns {'rows': {load: rows}, 'explanation': [...], 'dirs': ...}."""
+                log=print, resolve_tokenizer: TokenizerResolver | None = None) -> dict:
+    """Run the comparison; returns {'rows': {load: rows}, 'explanation': [...], 'dirs': ...}.
+    `resolve_tokenizer`: see `prompt_synth`."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     targets = resolve_targets(a, b)
@@ -162,7 +169,7 @@ def run_compare(a: str, b: str, base_cfg: BenchConfig, out_dir: Path, template: 
     try:
         with contextlib.ExitStack() as stack:
             start_targets(targets, out_dir, stack, template, extra_args or [], startup_timeout_s, log)
-            base_cfg, synth = prompt_synth(base_cfg, targets)
+            base_cfg, synth = prompt_synth(base_cfg, targets, resolve_tokenizer)
             cfgs = {t.name: replace(base_cfg, base_url=t.base_url, model=served_model(t),
                                     server_pid=t.server.pid if t.server else base_cfg.server_pid,
                                     server_command=t.server.command if t.server else None)

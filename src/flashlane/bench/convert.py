@@ -40,7 +40,7 @@ def to_inferencex(s: dict, num_gpus: int = 1) -> dict:
         "throughput": {"per_gpu": {"total_tput_tps": s["throughput"]["total_tok_s"] / num_gpus,
                                    "output_tput_tps": s["throughput"]["output_tok_s"] / num_gpus}},
         "cache": {"theoretical_cache_hit_rate": s["cache"]["theoretical_hit_rate"]},
-        "server_metrics": {"cache": {"observed_hit_rate": s["cache"]["observed_hit_rate"]}},
+        "server_metrics": {"cache": {"observed_hit_rate": s["cache"]["prefix_cache_hit_rate"]}},
         "request_accounting": {"completed": s["requests"]["completed"],
                                "error_request_count": s["requests"]["failed"]},
     }

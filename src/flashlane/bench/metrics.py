@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .prefix_reuse import DEFAULT_PAGE_SIZE, prefix_cache_rates
 from .records import PHASE_PROFILING, RequestRecord, SessionRecord
 from .stats import bootstrap_ci, describe, in_flight_series, step_time_average
 
@@ -27,8 +28,11 @@ class SummaryParams:
     abort_reason: str | None = None
     n_boot: int = 1000
     seed: int = 0
+    page_size: int = DEFAULT_PAGE_SIZE  # server's prefix-cache page, for the theoretical hit rate
 
     def __post_init__(self):
+        if self.page_size < 1:
+            raise ValueError(f"page_size: must be >= 1, got {self.page_size}")
         bad = [k for k in self.slo if k not in ("ttft_s", "tpot_s", "e2e_s")]
         if bad:
             raise ValueError(f"slo: unknown key(s) {bad}; use ttft_s, tpot_s, e2e_s")
@@ -156,13 +160,12 @@ def compute_summary(records: list[RequestRecord], sessions: list[SessionRecord],
             "output_tok_s": sum(r.output_tokens or 0 for r in good) / window_s if window_s else 0.0})
 
     tot_blocks = sum(r.total_blocks for r in prof)
-    reported = [r for r in ok if r.cached_tokens is not None and r.input_tokens]
     out["cache"] = {
+        # AgentX's definition: trace blocks (hash ids) seen before in the same namespace.
         "theoretical_hit_rate": (sum(r.theoretical_hit_blocks for r in prof) / tot_blocks
                                  if tot_blocks else None),
-        "observed_hit_rate": (sum(r.cached_tokens for r in reported)
-                              / sum(r.input_tokens for r in reported) if reported else None),
-        "requests_reporting_cached_tokens": len(reported)}
+        # Server tokens: reported cached vs reusable by a perfect page-granular cache.
+        **prefix_cache_rates(records, params.page_size)}
 
     if ok:
         bins = np.floor((np.array([r.end_time for r in ok]) - window_start)).astype(int)

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from .metrics import SummaryParams, compute_summary
+from .prefix_reuse import DEFAULT_PAGE_SIZE
 from .records import read_requests, read_sessions
 
 
@@ -19,6 +20,6 @@ def recompute_summary(run_dir: str | Path) -> dict:
                            max_error_rate=m.get("max_error_rate", 0.01),
                            cancelled=bool(m.get("cancelled")),
                            abort_reason=m.get("abort_reason"), n_boot=m.get("n_boot", 1000),
-                           seed=m.get("seed", 0))
+                           seed=m.get("seed", 0), page_size=m.get("page_size", DEFAULT_PAGE_SIZE))
     return compute_summary(read_requests(d / "requests.jsonl"), read_sessions(d / "sessions.jsonl"),
                            m["window_start"], m["window_end"], params)

@@ -42,6 +42,10 @@ class RequestRecord:
     chunk_gaps_s: list[float] = field(default_factory=list)  # token-normalised inter-chunk gaps
     theoretical_hit_blocks: int = 0
     total_blocks: int = 0
+    # Conversation lineage, for the token-level theoretical prefix-cache hit (prefix_reuse.py):
+    extends_request_id: str | None = None  # earlier request whose prompt this prompt starts with
+    output_fed_back: bool = False  # this request's output text follows its prompt in the next turn
+    shared_prefix_tokens: int = 0  # leading system-prompt tokens every session starts with
     think_time_s: float = 0.0  # gap applied before this request (after caps/scale)
     think_time_original_s: float = 0.0
     output_text: str | None = None  # kept only in live mode (degeneration metrics)

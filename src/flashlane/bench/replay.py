@@ -87,44 +87,59 @@ class TreeState:
 
 
 class Conversation:
-    """Message array of one session, grown turn by turn."""
+    """Message array of one session, grown turn by turn and never rewritten.
+
+    Each prompt starts with the previous prompt plus the assistant message that answered it, so
+    a prefix cache can reuse the whole history. In live mode that answer is the server's output
+    text, verbatim. Only a trace whose context shrinks (compaction) starts a fresh array. The
+    context size is tracked in the trace's own (recorded) lengths: a live answer longer or
+    shorter than the recorded one changes what is sent, never whether history is kept.
+    """
 
     def __init__(self, ctx: ReplayContext, tree: TreeState, session: Session):
         self.ctx, self.tree, self.session = ctx, tree, session
         self.messages: list[dict] = []
-        self.tokens = 0  # synthesized tokens in the array so far
+        self.trace_tokens = 0  # context tokens so far as the trace counts them
+        self.extends: str | None = None  # request whose prompt the array now starts with
+        self.shared_prefix_tokens = 0  # system-prompt tokens at the start of the array
 
     def _key(self, turn: Turn, part: str):
         return (self.tree.trace.trace_id, self.session.session_id, turn.index, part)
 
     def prepare(self, turn: Turn) -> list[dict]:
         synth = self.ctx.synth
-        if not self.messages or turn.input_tokens < self.tokens:
-            self.messages, self.tokens = [], 0
+        if not self.messages or turn.input_tokens < self.trace_tokens:
+            self.messages, self.trace_tokens, self.extends = [], 0, None
+            self.shared_prefix_tokens = 0
             if self.session.system_tokens > 0:
                 n_sys = min(self.session.system_tokens, turn.input_tokens - 1)
-                self.messages.append({"role": "system", "content": synth.text(n_sys, "system")})
-                self.tokens += n_sys
+                system = synth.text(n_sys, "system")
+                self.messages.append({"role": "system", "content": system})
+                self.trace_tokens += n_sys
+                self.shared_prefix_tokens = synth.count(system)
             nonce = synth.nonce(self.ctx.seed, self.ctx.nonce_salt, self.tree.tree_id,
                                 self.session.session_id)
-            n_user = max(1, turn.input_tokens - self.tokens - synth.count(nonce))
+            n_user = max(1, turn.input_tokens - self.trace_tokens - synth.count(nonce))
             self.messages.append({"role": "user",
                                   "content": nonce + "\n" + synth.text(n_user, *self._key(turn, "u"))})
         else:
-            n_new = max(1, turn.input_tokens - self.tokens)
+            n_new = max(1, turn.input_tokens - self.trace_tokens)
             self.messages.append({"role": "user", "content": synth.text(n_new, *self._key(turn, "u"))})
-        self.tokens = turn.input_tokens
+        self.trace_tokens = turn.input_tokens
         return list(self.messages)
 
     def absorb(self, turn: Turn, rec: RequestRecord | None, live_text: str = "") -> None:
-        """Append the assistant answer: the live output, or the recorded one (rec None / failed)."""
+        """Append the assistant answer: the live output verbatim, or the recorded one (rec None:
+        a turn never sent; a failed request). `rec` then becomes the request this array extends."""
         if self.ctx.mode == "live" and rec is not None and rec.ok:
             self.messages.append({"role": "assistant", "content": live_text})
-            self.tokens += rec.output_tokens or self.ctx.synth.count(live_text)
+            rec.output_fed_back = True
         else:
             self.messages.append({"role": "assistant",
                                   "content": self.ctx.synth.text(turn.output_tokens, *self._key(turn, "a"))})
-            self.tokens += turn.output_tokens
+        self.trace_tokens += turn.output_tokens
+        if rec is not None:
+            self.extends = rec.request_id
 
 
 async def run_turn(ctx: ReplayContext, tree: TreeState, session: Session, conv: Conversation,
@@ -141,7 +156,8 @@ async def run_turn(ctx: ReplayContext, tree: TreeState, session: Session, conv: 
                         requested_input_tokens=turn.input_tokens,
                         theoretical_hit_blocks=sum(1 for h in turn.hash_ids if h in seen),
                         total_blocks=len(turn.hash_ids), think_time_s=think_s,
-                        think_time_original_s=turn.think_s)
+                        think_time_original_s=turn.think_s, extends_request_id=conv.extends,
+                        shared_prefix_tokens=conv.shared_prefix_tokens)
     seen.update(turn.hash_ids)
     ignore_eos = ctx.mode == "recorded"
     if ctx.limiter is not None:

@@ -41,14 +41,44 @@ def load_label(lp: dict) -> str:
     return f"request rate {lp.get('request_rate')}/s"
 
 
+def prefix_hit_text(cache: dict) -> str:
+    """Server-reported vs theoretical token hit rate, and how much of the possible reuse happened."""
+    vs = cache.get("prefix_cache_hit_vs_theoretical")
+    return (f"server-reported {fmt(cache.get('prefix_cache_hit_rate'))}, theoretical "
+            f"{fmt(cache.get('prefix_cache_hit_rate_theoretical'))} (page {cache.get('page_size')})"
+            + (f", server ÷ theoretical {fmt(vs)}" if vs is not None else ""))
+
+
+def stopped_early(s: dict) -> str | None:
+    """'aborted' / 'cancelled' when the run did not finish (its validity reasons say so), else None."""
+    reasons = s.get("validity", {}).get("reasons", [])
+    if any(r.startswith("run aborted") for r in reasons):
+        return "aborted"
+    if any(r.startswith("run cancelled") for r in reasons):
+        return "cancelled"
+    return None
+
+
+def errors_text(s: dict) -> str:
+    """Failed profiled requests by class. A run that stopped early never says "none": what made it
+    stop is an error that the profiled counts do not hold (e.g. a failed warmup request)."""
+    counts = ", ".join(f"{k}: {v}" for k, v in s["errors"]["by_class"].items())
+    stopped = stopped_early(s)
+    if stopped is None:
+        return counts or "none"
+    if counts:
+        return f"{counts} among profiled requests before the run was {stopped} (see valid)"
+    return f"– (run {stopped} before any profiled request failed; see valid)"
+
+
 def run_rows(s: dict) -> list[tuple[str, str]]:
-    req, err, ses = s["requests"], s["errors"], s["sessions"]
+    req, ses = s["requests"], s["sessions"]
     ci = s.get("confidence_intervals", {})
     tp, cache = s["throughput"], s["cache"]
     rows = [
         ("requests", f"{req['completed']} completed, {req['failed']} failed, {req['warmup']} warmup"
                      + (f", {req['incomplete_outputs']} incomplete outputs" if req["incomplete_outputs"] else "")),
-        ("errors by class", ", ".join(f"{k}: {v}" for k, v in err["by_class"].items()) or "none"),
+        ("errors by class", errors_text(s)),
         ("sessions (tasks)", f"{ses['completed']} completed, {ses['truncated']} truncated (t*), "
                              f"{ses['incomplete']} incomplete"),
         ("window", fmt(s["window_s"], "s")),
@@ -68,8 +98,8 @@ def run_rows(s: dict) -> list[tuple[str, str]]:
                        f"total {fmt(tp['total_tok_s'])} tok/s"),
         ("concurrency", f"effective {fmt(s['concurrency']['effective'])}, active "
                         f"{fmt(s['concurrency']['active'])}, max {s['concurrency']['max_in_flight']}"),
-        ("prefix-cache hit", f"theoretical {fmt(cache['theoretical_hit_rate'])}, "
-                             f"server-reported {fmt(cache['observed_hit_rate'])}"),
+        ("prefix-cache hit (tokens)", prefix_hit_text(cache)),
+        ("prefix-cache hit (trace blocks)", f"theoretical {fmt(cache['theoretical_hit_rate'])}"),
     ]
     if s["goodput"].get("slo"):
         g = s["goodput"]
@@ -99,7 +129,7 @@ def run_rows(s: dict) -> list[tuple[str, str]]:
 
 def sweep_rows(points: list[tuple[str, dict]]) -> tuple[list[str], list[list[str]]]:
     head = ["load", "tasks/h", "task mean s", "task p90 s", "TTFT p50 ms", "TTFT p90 ms",
-            "TPOT mean ms", "ITL p90 ms", "out tok/s", "busy", "errors"]
+            "TPOT mean ms", "ITL p90 ms", "out tok/s", "cache hit", "cache hit theor.", "busy", "errors"]
     rows = []
     for label, s in points:
         tel = s.get("telemetry") or {}
@@ -107,5 +137,7 @@ def sweep_rows(points: list[tuple[str, dict]]) -> tuple[list[str], list[list[str
                      fmt(s["task_latency_s"]["p90"]), ms(s["ttft_s"]["p50"])[:-3],
                      ms(s["ttft_s"]["p90"])[:-3], ms(s["tpot_s"]["mean"])[:-3],
                      ms(s["itl_s"]["p90"])[:-3], fmt(s["throughput"]["output_tok_s"]),
+                     fmt(s["cache"].get("prefix_cache_hit_rate")),
+                     fmt(s["cache"].get("prefix_cache_hit_rate_theoretical")),
                      fmt(tel.get("busy_overall")), str(s["errors"]["total"])])
     return head, rows

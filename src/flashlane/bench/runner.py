@@ -17,12 +17,13 @@ from .idle_gaps import busy_fractions, classify_gaps, detect_gaps, summarize_gap
 from .load import LoadPoint, RunControl, run_load
 from .manifest import git_sha, harness_version, host_info, utc_now
 from .metrics import SummaryParams, compute_summary, e2e, tpot, ttft
+from .prefix_reuse import resolve_page_size
 from .progress import ProgressView
 from .records import PHASE_PROFILING, write_jsonl
 from .replay import BenchAbort, ReplayContext
 from .stats import in_flight_series
 from .telemetry import Telemetry, find_local_server_pid
-from .text_synth import TextSynth, load_tokenizer
+from .text_synth import TextSynth, TokenizerResolver, load_tokenizer
 from .workloads.agentic import agentic_source, spec_from_scale
 from .workloads.fixed import FixedSpec, fixed_source
 from .workloads.multiturn import MultiTurnSpec, multiturn_source
@@ -71,14 +72,19 @@ class BenchConfig:
     server_command: list[str] | None = None
     argv: list[str] = field(default_factory=lambda: list(sys.argv))
     n_boot: int = 1000
+    page_size: int | None = None  # prefix-cache page for the theoretical hit (default: server's, else 16)
 
     def __post_init__(self):
+        if not self.base_url.lower().startswith(("http://", "https://")):
+            raise ValueError(f"base_url: base URL must start with http:// or https://, got {self.base_url!r}")
         if self.workload not in WORKLOADS:
             raise ValueError(f"workload: expected one of {WORKLOADS}, got {self.workload!r}")
         if self.trace and self.workload != "agentic":
             raise ValueError("trace: only the agentic workload replays trace files")
         if bool(self.concurrency) == bool(self.request_rates):
             raise ValueError("load: give exactly one of concurrency / request_rates")
+        if self.page_size is not None and self.page_size < 1:
+            raise ValueError(f"page_size: must be >= 1, got {self.page_size}")
 
     def load_points(self) -> list[LoadPoint]:
         if self.concurrency:
@@ -277,10 +283,11 @@ def run_point(cfg: BenchConfig, source: WorkloadSource, synth: TextSynth, point:
 def write_point(cfg, source, synth, point, control, out: PointOutcome, run_dir: Path) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     ws, we = out.window
+    page_size, page_size_source = resolve_page_size(cfg.page_size, out.models_doc)
     params = SummaryParams(concurrency=point.concurrency, request_rate=point.request_rate,
                            mode=cfg.mode, slo=cfg.slo, max_error_rate=cfg.max_error_rate,
                            cancelled=out.cancelled, abort_reason=out.abort_reason,
-                           n_boot=cfg.n_boot, seed=cfg.seed)
+                           n_boot=cfg.n_boot, seed=cfg.seed, page_size=page_size)
     summary = compute_summary(out.records, out.sessions, ws, we, params)
     tel_summary, gaps, series = analyse_telemetry(out.telemetry, out.records, ws, we, cfg)
     summary["telemetry"] = tel_summary
@@ -308,6 +315,7 @@ def write_point(cfg, source, synth, point, control, out: PointOutcome, run_dir: 
         "load_point": asdict(point), "run_control": asdict(control),
         "think_cap_s": cfg.think_cap_s, "think_scale": cfg.think_scale, "slo": cfg.slo,
         "max_error_rate": cfg.max_error_rate, "n_boot": cfg.n_boot,
+        "page_size": page_size, "page_size_source": page_size_source,
         "window_start": ws, "window_end": we,
         "kv_offload": None, "spec_decode": None, "start_utc": out.start_utc, "end_utc": utc_now(),
         "cancelled": out.cancelled, "abort_reason": out.abort_reason, "clock": "time.perf_counter (monotonic), seconds",
@@ -352,11 +360,13 @@ def sweep_points(points: list[tuple[LoadPoint, dict]]) -> list[dict]:
              "output_tok_s": s["throughput"]["output_tok_s"]} for p, s in points]
 
 
-def run_bench(cfg: BenchConfig, out_dir: Path | None = None) -> list[tuple[LoadPoint, dict, Path]]:
-    """Every load point of `cfg`; returns [(point, summary, run folder)]."""
+def run_bench(cfg: BenchConfig, out_dir: Path | None = None,
+              resolve_tokenizer: TokenizerResolver | None = None) -> list[tuple[LoadPoint, dict, Path]]:
+    """Every load point of `cfg`; returns [(point, summary, run folder)]. `resolve_tokenizer`
+    maps a `cfg.tokenizer` that is not a path (e.g. a preset name) to one; see `load_tokenizer`."""
     out_dir = Path(out_dir or cfg.output_dir)
     source = build_source(cfg)
-    synth = TextSynth(seed=cfg.seed, tokenizer=load_tokenizer(cfg.tokenizer))
+    synth = TextSynth(seed=cfg.seed, tokenizer=load_tokenizer(cfg.tokenizer, resolve_tokenizer))
     points = cfg.load_points()
     results = []
     for p in points:

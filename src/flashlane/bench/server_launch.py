@@ -61,9 +61,11 @@ class ServerProcess:
     def start(self) -> "ServerProcess":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "w")
-        # Own process group, so stopping it also stops any worker processes it forks.
+        # Own process group, so stopping it also stops any worker processes it forks. The bench
+        # sends no API key, so a key exported for `flashlane serve` must not lock out its own servers.
+        env = {k: v for k, v in os.environ.items() if k != "FLASHLANE_API_KEY"}
         self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, start_new_session=True, env=env)
         log.close()
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:

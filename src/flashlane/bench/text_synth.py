@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import random
 from pathlib import Path
+from typing import Callable
 
 # Short, very common words: single tokens in every mainstream BPE vocabulary.
 FALLBACK_WORDS = (
@@ -96,37 +97,37 @@ def single_token_words(tokenizer) -> list[str]:
     return words
 
 
-def load_tokenizer(spec: str | None):
-    """A `tokenizers.Tokenizer` from a tokenizer.json path, a HF folder, or a flashlane preset name.
+# A name that is not a path -> a tokenizer.json or a folder holding one (None: unknown name).
+TokenizerResolver = Callable[[str], "str | Path | None"]
 
-    Returns None (approximation) when `spec` is None. Raises ValueError naming `tokenizer` when a
-    given path/preset cannot be resolved.
+
+def _tokenizer_file(spec: str | Path) -> Path | None:
+    p = Path(spec).expanduser()
+    if p.is_dir():
+        p = p / "tokenizer.json"
+    return p if p.is_file() else None
+
+
+def load_tokenizer(spec: str | None, resolve: TokenizerResolver | None = None):
+    """A `tokenizers.Tokenizer` from a tokenizer.json path or a HF folder holding one.
+
+    The bench reads tokenizers by path only and imports nothing of flashlane's models or presets:
+    a name that is not a path (e.g. a flashlane preset) is handed to `resolve`, the caller's
+    name -> path mapping (the CLI passes one for presets). Returns None (approximation) when `spec`
+    is None. Raises ValueError naming `tokenizer` when a given spec cannot be resolved.
     """
     if not spec:
         return None
     from tokenizers import Tokenizer
 
-    p = Path(spec).expanduser()
-    if p.is_dir():
-        p = p / "tokenizer.json"
-    if p.is_file():
+    p = _tokenizer_file(spec)
+    if p is None and resolve is not None:
+        try:
+            found = resolve(spec)
+        except (ValueError, OSError):
+            found = None
+        p = _tokenizer_file(found) if found else None
+    if p is not None:
         return Tokenizer.from_file(str(p))
-    folder = resolve_preset_folder(spec)
-    if folder is not None and (Path(folder) / "tokenizer.json").is_file():
-        return Tokenizer.from_file(str(Path(folder) / "tokenizer.json"))
-    raise ValueError(f"tokenizer: {spec!r} is neither a tokenizer.json, a folder holding one, "
-                     "nor a flashlane preset with a tokenizer")
-
-
-def resolve_preset_folder(name: str):
-    """Folder of an already created flashlane preset (torch-free `flashlane.presets`), or None.
-
-    Never creates one: creating random weights would pull in the model code, which the bench must
-    not import. The server creates it on first use, so resolve after the server is up.
-    """
-    try:
-        from flashlane import presets
-        folder = presets.preset_path(name, create=False)
-    except Exception:
-        return None
-    return folder if Path(folder).is_dir() else None
+    raise ValueError(f"tokenizer: {spec!r} is neither a tokenizer.json nor a folder holding one"
+                     + ("" if resolve is None else ", and names nothing the resolver knows"))

@@ -5,6 +5,22 @@ from __future__ import annotations
 import argparse
 
 
+def base_url(text: str) -> str:
+    if not text.lower().startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(f"base URL must start with http:// or https://, got {text!r}")
+    return text
+
+
+def positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return v
+
+
 def int_list(text: str) -> list[int]:
     try:
         vals = [int(x) for x in text.split(",") if x.strip()]
@@ -60,29 +76,41 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--endpoint", choices=("chat", "completions"), default=None,
                    help="default: chat for agentic/multiturn, completions for fixed")
     p.add_argument("--tokenizer", default=None,
-                   help="tokenizer.json, a HF folder or a flashlane preset, for exact prompt lengths")
-    p.add_argument("--temperature", type=float, default=None)
-    p.add_argument("--seed", type=int, default=0)
+                   help="tokenizer.json, a HF folder or a flashlane preset, for exact prompt lengths "
+                        "(default: one word ~ one token)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature sent with each request (default: not sent, the server's)")
+    p.add_argument("--page-size", type=int, default=None,
+                   help="server cache page size for the theoretical prefix-cache hit rate "
+                        "(default: the flashlane server's /v1/models card, else 16)")
+    p.add_argument("--seed", type=int, default=0, help="workload seed (same seed, same sessions and prompts)")
     p.add_argument("--num-sessions", type=int, default=None,
-                   help="session trees (tasks) started from turn 0 per load point")
-    p.add_argument("--duration", type=float, default=None, help="profiling seconds per load point")
-    p.add_argument("--warmup", choices=("auto", "none", "tstar", "requests"), default="auto")
-    p.add_argument("--warmup-requests", type=int, default=None)
+                   help="agentic/multiturn: session trees (tasks) started from turn 0 per load point "
+                        "(default: 3 x concurrency, or 10)")
+    p.add_argument("--duration", type=float, default=None,
+                   help="profiling seconds per load point (default: until the sessions are done)")
+    p.add_argument("--warmup", choices=("auto", "none", "tstar", "requests"), default="auto",
+                   help="tstar: start sessions mid-timeline (AgentX); requests: discard the first requests; "
+                        "auto: tstar for agentic under --concurrency, requests for fixed, else none")
+    p.add_argument("--warmup-requests", type=int, default=None,
+                   help="requests discarded by --warmup requests (default: 2 x concurrency)")
     p.add_argument("--think-cap", type=float, default=10.0, help="cap on think/tool gaps (s)")
     p.add_argument("--think-scale", type=float, default=1.0, help="multiply think/tool gaps")
     p.add_argument("--slo", type=slo_dict, default={}, help="goodput SLOs, e.g. ttft=2,tpot=0.1,e2e=30")
-    p.add_argument("--max-error-rate", type=float, default=0.01)
-    p.add_argument("--request-timeout", type=float, default=600.0)
-    p.add_argument("--no-telemetry", action="store_true")
-    p.add_argument("--scrape-interval", type=float, default=1.0)
-    p.add_argument("--sample-interval", type=float, default=0.2)
-    p.add_argument("--idle-threshold", type=float, default=0.05)
-    p.add_argument("--min-gap", type=float, default=0.2)
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--max-error-rate", type=float, default=0.01,
+                   help="a load point with a larger share of failed requests is marked invalid")
+    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds before one request is failed")
+    p.add_argument("--no-telemetry", action="store_true", help="no /metrics scraping and CPU/GPU sampling")
+    p.add_argument("--scrape-interval", type=float, default=1.0, help="seconds between /metrics scrapes")
+    p.add_argument("--sample-interval", type=float, default=0.2, help="seconds between CPU/GPU samples")
+    p.add_argument("--idle-threshold", type=float, default=0.05,
+                   help="utilisation below this counts as idle (idle-gap detection)")
+    p.add_argument("--min-gap", type=float, default=0.2, help="shortest idle gap reported (s)")
+    p.add_argument("--no-progress", action="store_true", help="no live progress display")
 
 
 def common_kwargs(args) -> dict:
-    return dict(mode=args.mode, endpoint=args.endpoint, tokenizer=args.tokenizer,
+    return dict(mode=args.mode, endpoint=args.endpoint, tokenizer=args.tokenizer, page_size=args.page_size,
                 temperature=args.temperature, seed=args.seed, num_sessions=args.num_sessions,
                 duration_s=args.duration, warmup=args.warmup, warmup_requests=args.warmup_requests,
                 think_cap_s=args.think_cap, think_scale=args.think_scale, slo=args.slo,

@@ -11,6 +11,7 @@ import sys
 import time
 
 from .bench_args import add_common, common_kwargs, int_list
+from .help import HelpFormatter
 
 # Sessions per load point (a * concurrency + b), by scale: a p90 is meaningful, yet the default
 # sweep finishes in a few minutes on 2 CPU cores and `small` fits CI.
@@ -19,20 +20,23 @@ SESSIONS_PER_LOAD = {"small": (1, 1), "medium": (1, 2), "large": (4, 4), "full":
 
 def add_parser(subparsers):
     p = subparsers.add_parser("compare", help="compare two models or servers on the same workload",
-                              description=__doc__)
+                              description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("a", nargs="?", default="tiny-flash", help="model id or base URL (default tiny-flash)")
     p.add_argument("b", nargs="?", default="tiny-standard",
                    help="model id or base URL (default tiny-standard)")
-    p.add_argument("--concurrency", type=int_list, default=[1, 2, 4])
-    p.add_argument("--scale", choices=("small", "medium", "large", "full"), default="medium")
-    p.add_argument("--trace", default=None, help="replay this trace file instead of synthetic sessions")
+    p.add_argument("--concurrency", type=int_list, default=[1, 2, 4], help="closed-loop concurrency sweep")
+    p.add_argument("--scale", choices=("small", "medium", "large", "full"), default="medium",
+                   help="size of the synthetic agentic sessions and sessions per load point")
+    p.add_argument("--trace", default=None,
+                   help="replay this trace file instead of synthetic sessions (default: synthetic)")
     p.add_argument("--output-dir", default=None, help="default: flashlane-compare-<time>")
     p.add_argument("--serve-command", default=None,
                    help="server command template with {model} {port} {host} {python}; "
                         "default: flashlane serve --model {model} --host 127.0.0.1 --port {port}")
     p.add_argument("--serve-arg", action="append", default=[],
-                   help="extra engine argument passed to both servers (repeatable)")
-    p.add_argument("--startup-timeout", type=float, default=600.0)
+                   help="extra engine argument passed to both servers (repeatable; default: none)")
+    p.add_argument("--startup-timeout", type=float, default=600.0,
+                   help="seconds a started server may take to answer /health")
     add_common(p)
     p.set_defaults(func=run)
     return p
@@ -56,8 +60,10 @@ def run(args) -> int:
         cfg = BenchConfig(base_url="http://unset", output_dir=str(out), workload="agentic",
                           trace=args.trace, scale=args.scale, concurrency=args.concurrency,
                           sessions_per_load=SESSIONS_PER_LOAD[args.scale], **kw)
+        from .. import presets
         res = run_compare(args.a, args.b, cfg, out, template=args.serve_command,
-                          extra_args=args.serve_arg, startup_timeout_s=args.startup_timeout, log=log)
+                          extra_args=args.serve_arg, startup_timeout_s=args.startup_timeout, log=log,
+                          resolve_tokenizer=presets.tokenizer_file)
     except KeyboardInterrupt:
         print("compare: interrupted; servers stopped, partial results kept", file=sys.stderr)
         return 130

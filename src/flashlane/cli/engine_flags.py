@@ -60,20 +60,28 @@ def _writable_dir(value: str) -> str:
 
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
     d = EngineArgs()
-    p.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16"])
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--page-size", type=int, default=d.page_size)
-    p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
-    p.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
+    p.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16"],
+                   help="weight and cache dtype (auto: the checkpoint's)")
+    p.add_argument("--seed", type=int, default=d.seed, help="random seed (random weights, sampling)")
+    p.add_argument("--page-size", type=int, default=d.page_size, help="tokens per cache page")
+    p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="most sequences running at once")
+    p.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens,
+                   help="token budget of one engine step (prefill chunks plus decode tokens)")
     p.add_argument("--cache-memory", type=_memory, default=d.cache_memory,
                    help="KV/state cache budget: bytes, or a fraction (<= 1) of free memory")
-    p.add_argument("--num-pages", type=int, default=None)
-    p.add_argument("--num-slots", type=int, default=None)
-    p.add_argument("--max-wait-ms", type=float, default=d.max_wait_ms, help="dynamic batching window")
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--num-pages", type=int, default=None,
+                   help="cache pages, overriding the --cache-memory split (default: from --cache-memory)")
+    p.add_argument("--num-slots", type=int, default=None,
+                   help="recurrent-state slots, overriding the --cache-memory split (default: from --cache-memory)")
+    p.add_argument("--max-wait-ms", type=float, default=d.max_wait_ms, help="dynamic batching window (0: off)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="longest sequence, prompt plus output (default: the model's, capped by the cache)")
+    p.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--quantization", choices=["int8"], default=None,
-                   help="weight-only int8 linear layers (faster small-batch decode on CPU)")
+                   help="weight-only int8 linear layers (faster small-batch decode on CPU; default: none)")
+    p.add_argument("--skip-tokenizer-init", action="store_true", default=d.skip_tokenizer_init,
+                   help="load no tokenizer (a checkpoint without tokenizer.json): prompts and outputs are "
+                        "token ids, output text is empty")
     g = p.add_argument_group("prefix cache")
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=d.enable_prefix_caching,
                    help="share full pages by content between requests, with state checkpoints for hybrid "
@@ -95,4 +103,5 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     return {k: getattr(args, k) for k in (
         "dtype", "seed", "page_size", "max_num_seqs", "max_num_batched_tokens", "cache_memory",
         "num_pages", "num_slots", "max_wait_ms", "max_model_len", "num_threads", "compile", "quantization",
+        "skip_tokenizer_init",
         "enable_prefix_caching", "checkpoint_share", "host_cache_memory", "disk_cache_dir", "disk_cache_bytes")}

@@ -7,6 +7,8 @@ import importlib
 import logging
 import sys
 
+from .help import HelpFormatter, unknown_arguments_error
+
 COMMANDS = {
     "generate": "flashlane.cli.generate",
     "serve": "flashlane.cli.serve",
@@ -20,7 +22,8 @@ COMMANDS = {
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """``only``: import just that command's module (so `flashlane analyze` never loads torch)."""
     parser = argparse.ArgumentParser(
-        prog="flashlane", description="Serve, benchmark, explain and compare hybrid sparse/linear-attention MoE models.")
+        prog="flashlane", formatter_class=HelpFormatter,
+        description="Serve, benchmark, explain and compare hybrid sparse/linear-attention MoE models.")
     parser.add_argument("--log-level", default="WARNING", help="logging level (DEBUG, INFO, WARNING)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in COMMANDS.items():
@@ -33,7 +36,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                 raise
             continue
         p = mod.add_parser(sub)
-        p.set_defaults(_run=mod.run)
+        p.set_defaults(_run=mod.run, _parser=p)
     return parser
 
 
@@ -41,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if a in COMMANDS), None)
     parser = build_parser(command if command in COMMANDS else None)
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # a misspelt flag: the subcommand's usage, not the top-level one
+        unknown_arguments_error(getattr(args, "_parser", parser), extras)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     if not getattr(args, "_run", None):
         parser.print_help()

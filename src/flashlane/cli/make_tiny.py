@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from .. import presets
+from .help import HelpFormatter
 
 ARCHS = ("glm5_next", "glm_moe_dsa", "llama")
 
@@ -49,10 +50,11 @@ def make_tiny(arch: str, out: str | Path, seed: int = 0, published_names: bool =
 
 
 def add_parser(sub):
-    p = sub.add_parser("make-tiny", help="write a small random HF-format checkpoint folder")
-    p.add_argument("--arch", required=True, choices=ARCHS)
+    p = sub.add_parser("make-tiny", help="write a small random HF-format checkpoint folder",
+                       formatter_class=HelpFormatter)
+    p.add_argument("--arch", required=True, choices=ARCHS, help="model architecture")
     p.add_argument("--out", required=True, help="folder to create (must be empty or absent)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--published-names", action="store_true",
                    help="use the published checkpoint tensor names instead of transformers' in-memory ones")
     p.add_argument("--shards", type=int, default=1, help="split the weights into this many safetensors shards")

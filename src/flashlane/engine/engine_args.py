@@ -21,6 +21,7 @@ class EngineArgs:
     num_threads: int | None = None       # torch intra-op threads (CPU)
     compile: bool = False                # torch.compile the models' dispatch-bound kernels
     quantization: str | None = None      # "int8": weight-only int8 linears (modifies the model in place)
+    skip_tokenizer_init: bool = False    # no tokenizer: prompts and outputs are token ids (text stays empty)
     enable_prefix_caching: bool = True   # share full pages by content; state checkpoints for hybrids
     checkpoint_share: float = 0.1        # share of cache_memory for state checkpoints (stateful models)
     num_checkpoints: int | None = None   # override the checkpoint pool size (tests)

@@ -36,8 +36,12 @@ class LLM:
         for prompt, p in zip(prompts, params):
             rid = f"gen-{self._counter}"
             self._counter += 1
-            # each request gets its own copy: the engine may shorten max_tokens to the context
-            self.engine.add_request(rid, prompt, SamplingParams(**vars(p)))
+            try:
+                self.engine.add_request(rid, prompt, p)
+            except ValueError:  # e.g. too long for the context: none of this batch stays queued
+                for added in ids:
+                    self.engine.abort(added)
+                raise
             ids.append(rid)
         done: dict[str, RequestOutput] = {}
         progress = _progress(len(ids)) if use_tqdm else None

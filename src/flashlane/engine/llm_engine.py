@@ -59,7 +59,8 @@ class LLMEngine:
             torch.set_num_threads(args.num_threads)
         if isinstance(model, str):
             from ..models.registry import load_model
-            model = load_model(model, dtype=args.dtype, seed=args.seed, device=args.device)
+            model = load_model(model, dtype=args.dtype, seed=args.seed, device=args.device,
+                               require_tokenizer=not args.skip_tokenizer_init)
         self.loaded = model
         self.model = model.model
         if args.quantization:
@@ -67,7 +68,7 @@ class LLMEngine:
         if hasattr(self.model, "set_compile"):
             self.model.set_compile(args.compile)
         self.config = model.config
-        self.tokenizer = model.tokenizer
+        self.tokenizer = None if args.skip_tokenizer_init else model.tokenizer  # None: token ids only
         self.model_name = model.name
         self.dtype = self.model.get_submodule(_embedding_name(self.model)).weight.dtype
         spec = cache_spec(self.config, args.page_size)
@@ -157,6 +158,9 @@ class LLMEngine:
     # ---- requests ----------------------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this engine has no tokenizer (skip_tokenizer_init=True, or a checkpoint "
+                                 "without tokenizer.json): give prompts as lists of token ids")
             return self.tokenizer.encode(prompt)
         if not all(isinstance(t, int) and 0 <= t < self.config.vocab_size for t in prompt):
             raise ValueError(f"prompt token ids must be integers in [0, {self.config.vocab_size})")
@@ -165,22 +169,30 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
                     arrival_time: float | None = None) -> Request:
         params = params or SamplingParams()
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer (this engine has none): use stop_token_ids")
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         ids = self.tokenize(prompt)
         if not ids:
             raise ValueError("prompt is empty")
-        need = len(ids) + params.max_tokens
         if len(ids) >= self.max_model_len:
             raise ValueError(f"prompt has {len(ids)} tokens; the maximum context is {self.max_model_len} "
                              f"(pool: {self.cache.plan.num_tokens} tokens)")
-        if need > self.max_model_len:
-            params.max_tokens = self.max_model_len - len(ids)
+        fits = self.max_model_len - len(ids)
+        max_tokens = fits if params.max_tokens is None else params.max_tokens  # None: the rest of the context
+        if max_tokens > fits:  # refused, not clamped (OpenAI, vLLM); the caller's params stay as given
+            raise ValueError(f"This model's maximum context length is {self.max_model_len} tokens. However, you "
+                             f"requested {len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} "
+                             f"in the completion). Lower max_tokens to at most {fits}, or pass max_tokens=None "
+                             "for the rest of the context.")
         req = Request(request_id, ids, params, self.config.eos_token_ids, arrival_time)
+        req.max_tokens = max_tokens
         if isinstance(prompt, str):
             req.prompt = prompt
         self.requests[request_id] = req
-        self._detok[request_id] = IncrementalDetokenizer(self.tokenizer)
+        self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens,
+                                                         params.spaces_between_special_tokens)
         self.scheduler.add(req)
         self.counters["requests_added"] += 1
         return req
@@ -246,7 +258,7 @@ class LLMEngine:
         reason, stop = None, None
         if token in req.stop_token_ids:
             reason, stop = "stop", token
-        elif len(req.output_token_ids) >= req.params.max_tokens or req.num_tokens >= self.max_model_len:
+        elif len(req.output_token_ids) >= req.max_tokens or req.num_tokens >= self.max_model_len:
             reason = "length"
         delta = self._detok[req.request_id].step(req.output_token_ids, final=reason is not None)
         if token in req.stop_token_ids:

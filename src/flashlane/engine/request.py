@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -44,6 +45,9 @@ class Request:
         self.prompt_token_ids = list(prompt_token_ids)
         self.prompt: str | None = None
         self.params = params
+        # the effective output limit: params.max_tokens, or (None) only the context, which the
+        # engine resolves at add time; the caller's params are never written to
+        self.max_tokens: int = params.max_tokens if params.max_tokens is not None else sys.maxsize
         self.output_token_ids: list[int] = []
         self.status = Status.WAITING
         self.finish_reason: str | None = None
@@ -82,10 +86,6 @@ class Request:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
-
-    @property
-    def in_prefill(self) -> bool:
-        return self.num_computed_tokens < self.num_tokens - 1 or not self.output_token_ids
 
     @property
     def finished(self) -> bool:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class SamplingParams:
-    max_tokens: int = 16
+    max_tokens: int | None = 16          # None: the rest of the context (vLLM's meaning)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1          # -1 or 0: off
@@ -18,6 +18,8 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None          # top-k logprobs per generated token (plus the sampled one)
     prompt_logprobs: int | None = None   # top-k logprobs per prompt token (plus the prompt token)
+    skip_special_tokens: bool = True     # drop special tokens from the output text (vLLM)
+    spaces_between_special_tokens: bool = True  # a space between added tokens and the text around them (vLLM)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -29,8 +31,8 @@ class SamplingParams:
         def bad(name: str, why: str):
             raise ValueError(f"SamplingParams.{name} {why}, got {getattr(self, name)!r}")
 
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            bad("max_tokens", "must be an integer >= 1")
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+            bad("max_tokens", "must be an integer >= 1 or None")
         if not _is_num(self.temperature) or self.temperature < 0:
             bad("temperature", "must be a number >= 0")
         if not _is_num(self.top_p) or not 0 < self.top_p <= 1:
@@ -45,6 +47,9 @@ class SamplingParams:
             v = getattr(self, name)
             if v is not None and (not _is_int(v) or v < 0):
                 bad(name, "must be a non-negative integer or None")
+        for name in ("skip_special_tokens", "spaces_between_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                bad(name, "must be True or False")
         if not all(isinstance(s, str) and s for s in self.stop):
             bad("stop", "must be non-empty strings")
         if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):

@@ -76,7 +76,8 @@ class Glm5NextDecoderLayer(nn.Module):
 
 class Glm5NextMTPLayer(nn.Module):
     """Next-token-prediction block stored at layer index >= num_layers (spec §1.10): a plain
-    pre-norm DSA + MoE block without mHC. Weights only; drafting is wired elsewhere."""
+    pre-norm DSA + MoE block without mHC. Weights only: loaded so checkpoints load strictly;
+    nothing drafts with it."""
 
     def __init__(self, cfg: ModelConfig, layer_id: int):
         super().__init__()

@@ -35,7 +35,7 @@ class DecoderLayer(nn.Module):
 
 class MTPLayer(DecoderLayer):
     """DeepSeek nextn block: ``eh_proj([enorm(embed) ; hnorm(hidden)])`` then one DSA+MoE block and
-    ``shared_head.norm``. Weights only for now; drafting is wired by the speculative decoder."""
+    ``shared_head.norm``. Weights only: loaded so checkpoints load strictly; nothing drafts with it."""
 
     def __init__(self, cfg: ModelConfig, layer_id: int, rope: RopeCache):
         super().__init__(cfg, layer_id, rope, ffn=MoE(cfg), indexer_type="full")

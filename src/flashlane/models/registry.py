@@ -71,7 +71,7 @@ def load_model(model_id: str | Path, dtype: str | torch.dtype = "auto", seed: in
         raise LoadError(f"load_format {load_format!r} is not one of {', '.join(LOAD_FORMATS)}")
     name = str(model_id)
     if name in presets.PRESETS:
-        return _load_path(presets.preset_path(name), dtype, seed, device, load_format, require_tokenizer, name)
+        return _load_path(preset_folder(name), dtype, seed, device, load_format, require_tokenizer, name)
     path = Path(name).expanduser()
     if path.suffix == ".gguf" or path.is_dir():
         if not path.exists():
@@ -80,6 +80,17 @@ def load_model(model_id: str | Path, dtype: str | torch.dtype = "auto", seed: in
         return _load_path(path, dtype, seed, device, load_format, require_tokenizer, label)
     raise LoadError(f"unknown model {name!r}: not a checkpoint folder, not a .gguf file and not a preset "
                     f"(presets: {', '.join(presets.PRESETS)})")
+
+
+def preset_folder(name: str) -> Path:
+    """A preset's checkpoint folder (tiny presets: created on first use, random and seeded, with
+    bfloat16 weights) or its GGUF file. ``flashlane.presets`` holds the names, configs and the
+    tokenizer; the weights are written here, so the import runs one way (models -> presets)."""
+    return presets.preset_path(name, write_weights=_write_preset_weights)
+
+
+def _write_preset_weights(folder: Path, config: dict[str, Any], seed: int) -> None:
+    write_random_checkpoint(folder, config, seed=seed, storage_dtype="bfloat16")
 
 
 def _load_path(path: Path, dtype, seed, device, load_format, require_tokenizer, name) -> LoadedModel:
@@ -97,7 +108,8 @@ def _load_path(path: Path, dtype, seed, device, load_format, require_tokenizer, 
     if (path / "tokenizer.json").is_file():
         tokenizer = Tokenizer.from_folder(path)
     elif require_tokenizer:
-        raise LoadError(f"no tokenizer.json in {path} (pass require_tokenizer=False to serve token ids only)")
+        raise LoadError(f"no tokenizer.json in {path}: add one, or use token ids only with skip_tokenizer_init=True "
+                        f"(--skip-tokenizer-init on `flashlane generate` / `flashlane serve`)")
     return LoadedModel(finish(model), cfg, tokenizer, name, path)
 
 

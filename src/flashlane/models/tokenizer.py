@@ -44,6 +44,8 @@ class Tokenizer:
         self.chat_template = chat_template or DEFAULT_CHAT_TEMPLATE
         self.has_own_chat_template = chat_template is not None
         self._compiled = None
+        # added tokens (never split by BPE): id -> (text, special); decode() sets them apart
+        self._added = {i: (t.content, t.special) for i, t in tok.get_added_tokens_decoder().items()}
 
     # ---- ids -------------------------------------------------------------------------------
     @property
@@ -78,8 +80,26 @@ class Tokenizer:
             raise TypeError(f"encode expects a str, got {type(text).__name__}")
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+    def decode(self, ids, skip_special_tokens: bool = True, spaces_between_special_tokens: bool = False) -> str:
+        """vLLM's meaning: ``skip_special_tokens`` drops special tokens; ``spaces_between_special_tokens``
+        joins the added tokens that remain and the text between them with single spaces (vLLM's
+        SamplingParams default is True; a plain decode, like a fast HF tokenizer's, is False)."""
+        ids = [int(i) for i in ids]
+        if not spaces_between_special_tokens or not any(i in self._added for i in ids):
+            return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+        parts, run = [], []
+        for i in ids:
+            added = self._added.get(i)
+            if added is None:
+                run.append(i)
+            elif not (skip_special_tokens and added[1]):
+                if run:
+                    parts.append(self._tok.decode(run, skip_special_tokens=False))
+                    run = []
+                parts.append(added[0])
+        if run:
+            parts.append(self._tok.decode(run, skip_special_tokens=False))
+        return " ".join(p for p in parts if p)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
@@ -120,12 +140,6 @@ class Tokenizer:
             eos_ids += [value] if isinstance(value, int) else [v for v in value or [] if isinstance(v, int)]
         return cls(tok, bos_token=_token_text(tc.get("bos_token")), eos_tokens=[_token_text(tc.get("eos_token"))],
                    eos_token_ids=eos_ids, chat_template=template)
-
-    @classmethod
-    def from_gguf(cls, reader) -> "Tokenizer":
-        from .gguf_loader import tokenizer_from_gguf
-
-        return tokenizer_from_gguf(reader)
 
 
 def _read_json(path: Path) -> dict:

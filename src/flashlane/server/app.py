@@ -8,17 +8,20 @@ connections drain for its graceful-shutdown timeout).
 from __future__ import annotations
 
 import asyncio
+import logging
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from ..engine.async_engine import AsyncEngine
 from .admission import Admission
+from .body_limits import DEFAULT_MAX_SEQS_PER_REQUEST, BodyLimits, chars_per_token
 from .chat_completions import create_chat_completion
 from .completions import create_completion
 from .context import ServerContext
 from .errors import install_error_handlers
+from .guard import GuardedRoute, MemoryReleaser, ReleaseMemoryAfterLargeBodies
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .middleware import CountStatus, LimitBody, RequireApiKey
 from .protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse,
@@ -26,19 +29,34 @@ from .protocol import (ChatCompletionRequest, ChatCompletionResponse, Completion
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 
+log = logging.getLogger("flashlane.server")
+
 _ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 429, 503)}
 _STREAM = {"content": {"text/event-stream": {}}, "description": "JSON, or SSE events when stream is true"}
 
 
 def create_app(engine: AsyncEngine, served_model_name: str | None = None, api_key: str | None = None,
-               max_queue: int | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+               max_queue: int | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST) -> FastAPI:
     """``max_queue``: sequences allowed to wait beyond the engine's running capacity (None: no
-    bound); more are refused with 429."""
+    bound); more are refused with 429. ``max_seqs_per_request``: engine requests (prompts x n)
+    one HTTP request may ask for; more are refused with 400 before anything is tokenised."""
     name = served_model_name or engine.engine.model_name
     if max_queue is not None and max_queue < 0:
         raise ValueError(f"max_queue must be >= 0, got {max_queue}")
+    if max_seqs_per_request < 1:
+        raise ValueError(f"max_seqs_per_request must be >= 1, got {max_seqs_per_request}")
     limit = None if max_queue is None else engine.engine.startup["max_running"] + max_queue
     ctx = ServerContext(engine, name, ServerMetrics(name), Admission(limit))
+    max_len = engine.engine.max_model_len
+    ctx.body_limits = BodyLimits(max_model_len=max_len, chars_per_token=chars_per_token(engine.engine.tokenizer),
+                                 max_seqs=max_seqs_per_request, max_messages=max_len,
+                                 max_values=max_seqs_per_request * (max_len + 1) + 65536)
+    if ctx.body_limits.max_prompt_chars is None:
+        log.info("prompt length is checked after tokenising (this tokenizer gives no bound on characters per token)")
+    else:
+        log.info("prompts over %d characters are refused before tokenising (%d tokens x %d characters per token)",
+                 ctx.body_limits.max_prompt_chars, max_len - 1, ctx.body_limits.chars_per_token)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -60,6 +78,9 @@ def create_app(engine: AsyncEngine, served_model_name: str | None = None, api_ke
             return JSONResponse({"status": "error", "error": repr(engine.error)}, status_code=503)
         return {"status": "ok"}
 
+    # HEAD: the same status without a body (what load balancers and `curl -I` send)
+    app.head("/health", operation_id="health_head", responses={503: {"model": ErrorResponse}})(health)
+
     @app.get("/v1/models", response_model=ModelList, responses=_ERRORS)
     async def models():
         eng = engine.engine
@@ -79,16 +100,23 @@ def create_app(engine: AsyncEngine, served_model_name: str | None = None, api_ke
             pass
         return Response(ctx.metrics.render(dict(last_snapshot)), media_type=CONTENT_TYPE)
 
-    @app.post("/v1/completions", response_model=CompletionResponse, responses={**_ERRORS, 200: _STREAM})
+    # generation bodies are read by GuardedRoute: bounded before validation, large ones off the loop
+    generation = APIRouter(route_class=GuardedRoute)
+
+    @generation.post("/v1/completions", response_model=CompletionResponse, responses={**_ERRORS, 200: _STREAM})
     async def completions(body: CompletionRequest, request: Request):
         return await create_completion(ctx, body, request)
 
-    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse,
-              responses={**_ERRORS, 200: _STREAM})
+    @generation.post("/v1/chat/completions", response_model=ChatCompletionResponse,
+                     responses={**_ERRORS, 200: _STREAM})
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await create_chat_completion(ctx, body, request)
 
-    # outermost last: count every status, then check the key, then the body size
+    app.include_router(generation)
+
+    # outermost last: count every status, then check the key, then the body size, then give
+    # memory back after large bodies
+    app.add_middleware(ReleaseMemoryAfterLargeBodies, releaser=MemoryReleaser())
     app.add_middleware(LimitBody, max_bytes=max_body_bytes)
     app.add_middleware(RequireApiKey, api_key=api_key)
     app.add_middleware(CountStatus, metrics=ctx.metrics)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from contextlib import aclosing
 
@@ -10,15 +11,25 @@ from fastapi.responses import JSONResponse, Response
 
 from .chat import render_chat
 from .context import ServerContext
+from .errors import bad_request
 from .jobs import Job, run_jobs
 from .logprobs import TokenText, chat_logprobs, new_entries
 from .protocol import ChatCompletionRequest
 from .serving import Finished, generate, stream_error, usage
 from .streaming import DONE, sse
 
+RENDER_INLINE_MESSAGES = 64
+
 
 async def build_jobs(ctx: ServerContext, body: ChatCompletionRequest) -> tuple[list[Job], list[int]]:
-    prompt = await ctx.prompt_ids(render_chat(ctx.tokenizer, body.messages), "messages")
+    if ctx.tokenizer is None:
+        raise bad_request("chat completions need a tokenizer and this server has none (--skip-tokenizer-init): "
+                          "send token ids to /v1/completions", "messages")
+    ctx.check_seqs(body.n, "n")
+    # a long conversation is rendered off the event loop (its size is bounded by the body check)
+    text = (render_chat(ctx.tokenizer, body.messages) if len(body.messages) <= RENDER_INLINE_MESSAGES
+            else await asyncio.to_thread(render_chat, ctx.tokenizer, body.messages))
+    prompt = await ctx.prompt_ids(text, "messages")
     top = body.top_logprobs or 0
     logprobs = top if body.logprobs else None
     max_tokens = body.max_completion_tokens or body.max_tokens  # None: the rest of the context
@@ -77,7 +88,7 @@ async def _stream(ctx: ServerContext, rid: str, body: ChatCompletionRequest, job
                 if body.logprobs:
                     toks, entries = new_entries(out)
                     lp = chat_logprobs(text_of, toks, entries, top) if toks else None
-                if not (out.delta_text or out.finished or lp):
+                if not (out.delta_text or out.finished or lp or out.delta_token_ids):
                     continue
                 if out.finished and job.index == 0:
                     cached = out.num_cached_tokens

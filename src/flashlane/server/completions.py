@@ -25,6 +25,11 @@ def _prompts(prompt) -> list:
     return list(prompt)
 
 
+def _want_token_ids(ctx: ServerContext, body: CompletionRequest) -> bool:
+    """Token ids in each choice: asked for (vLLM's return_token_ids), or the only output there is."""
+    return body.return_token_ids or ctx.tokenizer is None
+
+
 async def build_jobs(ctx: ServerContext, body: CompletionRequest) -> tuple[list[Job], list[int]]:
     if body.echo:
         raise bad_request("'echo' is not supported", "echo")
@@ -32,12 +37,14 @@ async def build_jobs(ctx: ServerContext, body: CompletionRequest) -> tuple[list[
         raise bad_request("'suffix' is not supported", "suffix")
     if body.best_of is not None and body.best_of != body.n:
         raise bad_request("'best_of' must equal 'n' (ranking by best_of is not supported)", "best_of")
-    ids = [await ctx.prompt_ids(p, "prompt") for p in _prompts(body.prompt)]
+    prompts = _prompts(body.prompt)
+    ctx.check_seqs(len(prompts) * body.n, "prompt" if len(prompts) > 1 else "n")  # before any tokenising
+    ids = await ctx.prompts_ids(prompts, "prompt")
     jobs = []
     for pi, p in enumerate(ids):
         for i in range(body.n):
             seed = None if body.seed is None else body.seed + i
-            params = ctx.sampling_params(body, len(p), body.max_tokens or 16, body.logprobs, seed)
+            params = ctx.sampling_params(body, len(p), body.max_tokens, body.logprobs, seed, default_max_tokens=16)
             jobs.append(Job(len(jobs), pi, p, params))
     return jobs, [len(p) for p in ids]
 
@@ -55,6 +62,8 @@ async def create_completion(ctx: ServerContext, body: CompletionRequest, request
             lp = completion_logprobs(text_of, out.token_ids, out.logprobs or [], body.logprobs)
         choices.append({"index": job.index, "text": out.text, "logprobs": lp,
                         "finish_reason": out.finish_reason, "stop_reason": out.stop_reason})
+        if _want_token_ids(ctx, body):
+            choices[-1]["token_ids"] = list(out.token_ids)
     cached = sum(o.num_cached_tokens for j, o in zip(jobs, finals) if j.index % body.n == 0)
     return JSONResponse({
         "id": rid, "object": "text_completion", "created": int(time.time()), "model": ctx.served_model_name,
@@ -67,6 +76,7 @@ async def _stream(ctx: ServerContext, rid: str, body: CompletionRequest, jobs: l
     include_usage = bool(opts and opts.include_usage)
     continuous = include_usage and opts.continuous_usage_stats
     text_of = TokenText(ctx.tokenizer)
+    want_ids = _want_token_ids(ctx, body)
     created = int(time.time())
     offsets = [0] * len(jobs)
     produced = [0] * len(jobs)
@@ -80,7 +90,8 @@ async def _stream(ctx: ServerContext, rid: str, body: CompletionRequest, jobs: l
                     toks, entries = new_entries(out)
                     lp = completion_logprobs(text_of, toks, entries, body.logprobs, offsets[job.index])
                     offsets[job.index] += sum(len(t) for t in lp["tokens"])
-                if not (out.delta_text or out.finished or lp):
+                ids = out.delta_token_ids if want_ids else None
+                if not (out.delta_text or out.finished or lp or ids or out.delta_token_ids):
                     continue
                 if out.finished and job.index % body.n == 0:
                     cached += out.num_cached_tokens
@@ -89,6 +100,8 @@ async def _stream(ctx: ServerContext, rid: str, body: CompletionRequest, jobs: l
                          "choices": [{"index": job.index, "text": out.delta_text, "logprobs": lp,
                                       "finish_reason": out.finish_reason if out.finished else None,
                                       "stop_reason": out.stop_reason if out.finished else None}]}
+                if want_ids:
+                    chunk["choices"][0]["token_ids"] = list(ids)
                 if include_usage:
                     chunk["usage"] = usage(prompt_lens, sum(produced), cached) if continuous else None
                 yield sse(chunk)

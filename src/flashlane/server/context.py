@@ -4,11 +4,12 @@ that depend on the model (context length, vocabulary)."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..engine.async_engine import AsyncEngine
 from ..engine.sampling_params import SamplingParams
 from .admission import Admission
+from .body_limits import BodyLimits, Refusal, check_text
 from .errors import APIError, bad_request
 from .metrics import ServerMetrics
 from .protocol import MAX_LOGPROBS
@@ -22,6 +23,8 @@ class ServerContext:
     served_model_name: str
     metrics: ServerMetrics
     admission: Admission
+    body_limits: BodyLimits | None = None   # what can fit at all, checked before tokenising
+    child_slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(2))  # body checks at once
 
     @property
     def tokenizer(self):
@@ -44,13 +47,44 @@ class ServerContext:
         if not self.engine.alive:
             raise APIError(503, "the engine is not running")
 
+    def check_seqs(self, count: int, param: str) -> None:
+        """A bound on engine requests (prompts x n) per HTTP request, checked before tokenising."""
+        limit = self.body_limits.max_seqs if self.body_limits else None
+        if limit is not None and count > limit:
+            raise APIError(400, f"this request asks for {count} sequences (prompts x n); the server accepts at "
+                                f"most {limit} per request", param)
+
+    async def encode(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text. Large inputs are tokenised on a worker thread through the
+        ``tokenizers`` batch call, which releases the GIL (its single-text ``encode`` holds it
+        throughout), so /health and other streams keep flowing meanwhile."""
+        if sum(len(t) for t in texts) < OFFLOAD_CHARS:
+            return [self.tokenizer.encode(t) for t in texts]
+        batch = getattr(getattr(self.tokenizer, "backend", None), "encode_batch", None)
+        if batch is not None:  # what Tokenizer.encode does, for many texts at once
+            return await asyncio.to_thread(lambda: [e.ids for e in batch(texts, add_special_tokens=True)])
+        return await asyncio.to_thread(lambda: [self.tokenizer.encode(t) for t in texts])
+
     async def prompt_ids(self, prompt: str | list[int], param: str) -> list[int]:
-        if isinstance(prompt, str):
-            # a long prompt is tokenized off the event loop, so other streams keep flowing
-            ids = (self.tokenizer.encode(prompt) if len(prompt) < OFFLOAD_CHARS
-                   else await asyncio.to_thread(self.tokenizer.encode, prompt))
-        else:
-            ids = list(prompt)
+        return (await self.prompts_ids([prompt], param))[0]
+
+    async def prompts_ids(self, prompts: list, param: str) -> list[list[int]]:
+        """Token ids of each prompt (text or ids), checked against the vocabulary and the context;
+        a text too long to fit is refused before it is tokenised."""
+        texts = [p for p in prompts if isinstance(p, str)]
+        if texts and self.tokenizer is None:
+            raise bad_request("this server has no tokenizer (--skip-tokenizer-init): send the prompt as "
+                              "token ids", param)
+        if self.body_limits is not None:
+            for text in texts:
+                try:
+                    check_text(len(text), param, "the prompt", self.body_limits)
+                except Refusal as r:
+                    raise APIError(r.status, r.message, r.param, r.code) from None
+        encoded = iter(await self.encode(texts) if texts else [])
+        return [self._checked_ids(next(encoded) if isinstance(p, str) else list(p), param) for p in prompts]
+
+    def _checked_ids(self, ids: list[int], param: str) -> list[int]:
         if not ids:
             raise bad_request("the prompt is empty after tokenization", param)
         bad = next((t for t in ids if t >= self.vocab_size), None)
@@ -63,14 +97,27 @@ class ServerContext:
         return ids
 
     def sampling_params(self, req, prompt_len: int, max_tokens: int | None, logprobs: int | None,
-                        seed: int | None) -> SamplingParams:
+                        seed: int | None, default_max_tokens: int | None = None) -> SamplingParams:
+        """``max_tokens`` None: ``default_max_tokens`` or the rest of the context, whichever is less."""
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(req, name):
                 raise bad_request(f"'{name}' is not supported (only 0)", name)
-        if max_tokens is None:
-            max_tokens = self.max_model_len - prompt_len
+        fits = self.max_model_len - prompt_len
+        if max_tokens is None:  # what fits, or less when the endpoint has a default (completions: 16)
+            max_tokens = fits if default_max_tokens is None else min(default_max_tokens, fits)
+        elif max_tokens > fits:  # OpenAI's and vLLM's answer, not a silent clamp
+            chat = hasattr(req, "messages")
+            where = "messages" if chat else "prompt"
+            name = "max_completion_tokens" if chat and req.max_completion_tokens is not None else "max_tokens"
+            raise APIError(400, f"This model's maximum context length is {self.max_model_len} tokens. However, you "
+                                f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the {where}, "
+                                f"{max_tokens} in the completion). Please reduce the length of the {where} or "
+                                f"'{name}'.", name, "context_length_exceeded")
         if logprobs is not None:
             logprobs = min(logprobs, MAX_LOGPROBS, self.vocab_size)
+        if req.stop and self.tokenizer is None:
+            raise bad_request("stop strings need a tokenizer and this server has none (--skip-tokenizer-init): "
+                              "use stop_token_ids", "stop")
         try:
             return SamplingParams(
                 max_tokens=max_tokens,
@@ -79,7 +126,8 @@ class ServerContext:
                 top_k=-1 if req.top_k is None else req.top_k,
                 min_p=0.0 if req.min_p is None else req.min_p,
                 seed=seed, stop=req.stop, stop_token_ids=list(req.stop_token_ids or []),
-                ignore_eos=req.ignore_eos, logprobs=logprobs,
+                ignore_eos=req.ignore_eos, logprobs=logprobs, skip_special_tokens=req.skip_special_tokens,
+                spaces_between_special_tokens=req.spaces_between_special_tokens,
             )
         except ValueError as exc:  # SamplingParams names the field: "SamplingParams.<field> ..."
             field = str(exc).split(" ", 1)[0].removeprefix("SamplingParams.")

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import logging
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .protocol import MAX_STOP
 
 log = logging.getLogger("flashlane.server")
 
@@ -22,6 +24,7 @@ _KIND = {
     401: ("invalid_request_error", "invalid_api_key"),
     404: ("invalid_request_error", "not_found"),
     405: ("invalid_request_error", "method_not_allowed"),
+    408: ("invalid_request_error", "request_timeout"),
     413: ("invalid_request_error", "request_too_large"),
     415: ("invalid_request_error", "unsupported_media_type"),
     429: ("rate_limit_error", "queue_full"),
@@ -43,9 +46,25 @@ class APIError(Exception):
         self.headers = headers
 
 
+def _text(s: str | None) -> str | None:
+    """Client-supplied text in a message (a model name, a field path) may hold lone surrogates,
+    which no JSON encoder writes as UTF-8: shown escaped instead of failing the error itself."""
+    return s if s is None or s.isascii() else s.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+class BodyRefused(HTTPException):
+    """A refusal raised while FastAPI reads a request body (FastAPI passes HTTPExceptions through
+    unchanged), rendered like an APIError, with its param and code. ``refusal``: a
+    ``body_limits.Refusal``."""
+
+    def __init__(self, refusal):
+        super().__init__(refusal.status, refusal.message)
+        self.refusal = refusal
+
+
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
     kind, default_code = _KIND.get(status, ("invalid_request_error" if status < 500 else "server_error", None))
-    return {"error": {"message": message, "type": kind, "param": param, "code": code or default_code}}
+    return {"error": {"message": _text(message), "type": kind, "param": _text(param), "code": code or default_code}}
 
 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
@@ -65,26 +84,66 @@ def _is_type_tag(part) -> bool:
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
 
 
+# what a union field accepts, said once instead of "Input should be a valid string" for one branch
+_UNION_FORMS = {
+    "prompt": "a non-empty string, a list of strings, a list of token ids (integers >= 0) or a list of such lists",
+    "stop": "a non-empty string or a list of at most {max_stop} non-empty strings",
+    "messages.N.content": "a string or a list of text parts ({{'type': 'text', 'text': ...}})",
+}
+# what a list field holds, for "may hold at most N ..."
+_ITEMS = {"stop": "strings", "stop_token_ids": "token ids", "messages": "messages"}
+_TOKEN_ID_FIELDS = ("prompt", "stop_token_ids")
+
+
+def _is_type_error(e: dict) -> bool:
+    return str(e.get("type", "")).endswith("_type")
+
+
+def _param(e: dict) -> str | None:
+    return ".".join(str(p) for p in e.get("loc", ()) if p != "body" and not _is_type_tag(p)) or None
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:
         return "invalid request", None
-    # the deepest location is the most specific one (union branches fail at several depths)
-    first = max(errors, key=lambda e: len(e.get("loc", ())))
-    if first.get("type") == "json_invalid":
+    if errors[0].get("type") == "json_invalid":
+        first = errors[0]
         return f"request body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}", None
-    loc = [p for p in first.get("loc", ()) if p != "body"]
-    path = [str(p) for p in loc if not _is_type_tag(p)]
-    param = ".".join(path) or None
-    msg = first.get("msg", "invalid value")
+    # a broken constraint says more than a union branch of the wrong type; among equals the
+    # deepest location is the most specific one (union branches fail at several depths)
+    first = max(errors, key=lambda e: (not _is_type_error(e), len(e.get("loc", ()))))
+    param = _param(first)
     where = f"'{param}'" if param else "request body"
-    return f"{where}: {msg}", param
+    kind, ctx, given = first.get("type"), first.get("ctx") or {}, first.get("input")
+    generic = ".".join("N" if p.isdigit() else p for p in (param or "").split("."))
+    if _is_type_error(first):  # no branch of a union took the value: say what the field accepts
+        top = (param or "").split(".")[0]
+        field = generic if generic in _UNION_FORMS else top if top in _UNION_FORMS else None
+        if field is not None:
+            param = param if field == generic else top
+            return f"'{param}' must be {_UNION_FORMS[field].format(max_stop=MAX_STOP)}", param
+    if kind == "too_long" and "max_length" in ctx:
+        items = _ITEMS.get(generic, "items")
+        got = f", got {len(given)}" if isinstance(given, (list, str, dict)) else ""
+        return f"{where} may hold at most {ctx['max_length']} {items}{got}", param
+    if kind == "too_short" and ctx.get("min_length") == 1:
+        return f"{where} must not be empty", param
+    if (kind == "greater_than_equal" and ctx.get("ge") == 0 and isinstance(given, int)
+            and generic.split(".")[0] in _TOKEN_ID_FIELDS):
+        return f"{where}: token ids are integers >= 0; got the negative token id {given}", param
+    return f"{where}: {first.get('msg', 'invalid value')}", param
 
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError):
         return error_response(exc.status, exc.message, exc.param, exc.code, exc.headers)
+
+    @app.exception_handler(BodyRefused)
+    async def _refused(_: Request, exc: BodyRefused):
+        r = exc.refusal
+        return error_response(r.status, r.message, r.param, r.code)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError):
@@ -99,4 +158,6 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception):
         log.exception("unhandled error while serving a request")
-        return error_response(500, f"internal server error: {type(exc).__name__}")
+        # the app re-raises after this answer and uvicorn then drops the connection: say so, so a
+        # keep-alive client opens a new one instead of failing its next request
+        return error_response(500, f"internal server error: {type(exc).__name__}", headers={"Connection": "close"})

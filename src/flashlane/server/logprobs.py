@@ -16,10 +16,14 @@ def _lp(v: float | None) -> float | None:
 
 
 class TokenText:
-    """Token id -> its text, memoised (the same ids come back at every step)."""
+    """Token id -> its text, memoised (the same ids come back at every step). Special tokens keep
+    their text (as in vLLM); without a tokenizer a token reads ``token_id:N`` (vLLM's spelling)."""
 
     def __init__(self, tokenizer):
-        self._decode = lru_cache(maxsize=65536)(lambda t: tokenizer.decode([t]))
+        if tokenizer is None:
+            self._decode = lambda t: f"token_id:{t}"
+        else:
+            self._decode = lru_cache(maxsize=65536)(lambda t: tokenizer.decode([t], skip_special_tokens=False))
 
     def __call__(self, token: int) -> str:
         return self._decode(token)

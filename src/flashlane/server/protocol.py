@@ -36,7 +36,9 @@ class _Sampling(_Strict):
     """Fields shared by completions and chat completions."""
 
     model: str | None = Field(None, description="served model name; defaults to the only model served")
-    max_tokens: int | None = Field(None, ge=1, description="tokens to generate (capped by the context)")
+    max_tokens: int | None = Field(None, ge=1, description="tokens to generate; prompt + max_tokens beyond the "
+                                                          "context is a 400 (default: what fits; completions: "
+                                                          "at most 16)")
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1, le=INT64_MAX, description="-1 or 0: off (vLLM extension)")
@@ -45,6 +47,9 @@ class _Sampling(_Strict):
     stop: NonEmptyStr | Annotated[list[NonEmptyStr], Field(max_length=MAX_STOP)] | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP)] | None = None
     ignore_eos: bool = Field(False, description="vLLM extension: keep generating past EOS")
+    skip_special_tokens: bool = Field(True, description="vLLM extension: drop special tokens from the text")
+    spaces_between_special_tokens: bool = Field(
+        True, description="vLLM extension: a space between added tokens and the text around them")
     n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -61,6 +66,8 @@ class CompletionRequest(_Sampling):
     echo: bool = Field(False, description="only false is supported")
     best_of: int | None = Field(None, ge=1, le=MAX_N, description="only best_of == n is supported")
     suffix: str | None = Field(None, description="not supported (must be empty)")
+    return_token_ids: bool = Field(False, description="vLLM extension: each choice also carries its token ids "
+                                                      "(always on for a server without a tokenizer)")
 
 
 class TextPart(_Strict):
@@ -105,6 +112,7 @@ class CompletionLogprobs(BaseModel):
 class CompletionChoice(BaseModel):
     index: int
     text: str
+    token_ids: list[int] | None = Field(None, description="with return_token_ids, or a server without a tokenizer")
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
@@ -152,37 +160,6 @@ class ChatCompletionResponse(BaseModel):
     created: int = Field(default_factory=lambda: int(time.time()))
     model: str
     choices: list[ChatChoice]
-    usage: Usage | None = None
-
-
-class DeltaMessage(BaseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-
-
-class ChatChunkChoice(BaseModel):
-    index: int
-    delta: DeltaMessage
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-
-class ChatCompletionChunk(BaseModel):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatChunkChoice]
-    usage: Usage | None = None
-
-
-class CompletionChunk(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
     usage: Usage | None = None
 
 

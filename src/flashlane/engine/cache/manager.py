@@ -13,7 +13,6 @@ the latest page boundary of the output (kept rolling: a request keeps only its n
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import psutil
@@ -41,10 +40,6 @@ class CachePlan:
     @property
     def num_tokens(self) -> int:
         return self.num_pages * self.page_size
-
-    @property
-    def total_bytes(self) -> int:
-        return self.num_pages * self.bytes_per_page + (self.num_slots + self.num_checkpoints) * self.bytes_per_slot
 
 
 def plan_cache(spec: CacheSpec, dtype: torch.dtype, cache_memory: float | int, max_num_seqs: int,
