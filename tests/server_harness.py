@@ -18,6 +18,20 @@ from flashlane.server.connections import ConnectionLimits, uvicorn_config
 ENGINE_ARGS = dict(dtype="float32", cache_memory=48 << 20, max_model_len=512)
 
 
+def wait_healthy(proc, url: str, timeout: float = 300) -> None:
+    """Poll ``url``/health until a subprocess server answers 200 (fail early if it exits)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, proc.stdout.read()
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "server did not come up"
+        time.sleep(0.25)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

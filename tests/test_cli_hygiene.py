@@ -12,14 +12,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from flashlane.cli.main import build_parser, main
-from server_harness import free_port
+from server_harness import free_port, wait_healthy
 
 API_KEY_ENV = "FLASHLANE_API_KEY"
 
@@ -93,16 +92,7 @@ def test_serve_reads_the_key_from_the_environment_and_a_second_server_on_its_por
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.25)
+        wait_healthy(proc, url)
         assert httpx.get(url + "/v1/models", timeout=30).status_code == 401
         ok = httpx.get(url + "/v1/models", headers={"Authorization": "Bearer env-k3y-value"}, timeout=30)
         assert ok.status_code == 200

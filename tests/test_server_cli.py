@@ -17,7 +17,7 @@ import pytest
 from flashlane import LLM, SamplingParams
 
 from engine_models import preset
-from server_harness import ENGINE_ARGS, LiveServer, free_port
+from server_harness import ENGINE_ARGS, LiveServer, free_port, wait_healthy
 
 pytestmark = pytest.mark.slow
 MODEL = "tiny-flash"
@@ -32,16 +32,7 @@ def test_serve_subprocess_end_to_end():
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.25)
+        wait_healthy(proc, url)
         client = openai.OpenAI(base_url=url + "/v1", api_key="k3y", max_retries=0)
         assert [m.id for m in client.models.list().data] == [MODEL]  # served name defaults to --model
         r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
