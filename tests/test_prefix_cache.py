@@ -14,6 +14,12 @@ GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
 PAGE = 16
 
 
+def _llm(m, **kw):
+    """A float32 engine with a 128 MiB cache unless told otherwise (the default 512 MiB, zeroed,
+    times a dozen engines per test made this file peak at 8.6 GB RSS)."""
+    return LLM(m, **{"dtype": "float32", "cache_memory": 128 << 20, **kw})
+
+
 def _model(name):
     return tiny_llama() if name == "tiny-llama" else preset(name)
 
@@ -24,7 +30,7 @@ def _vocab(m) -> int:
 
 def _pair(m, **kw):
     """The same engine configuration with the prefix cache on and off."""
-    return LLM(m, dtype="float32", **kw), LLM(m, dtype="float32", enable_prefix_caching=False, **kw)
+    return _llm(m, **kw), _llm(m, enable_prefix_caching=False, **kw)
 
 
 def _idle(llm):
@@ -137,8 +143,8 @@ def test_tiny_pool_evicts_and_preempts_with_identical_outputs(name):
     system = random_prompts(1, 100, 100, v, seed=51)[0]
     prompts = [system + t for t in random_prompts(10, 10, 60, v, seed=52)]
     params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
-    want = [o.token_ids for o in LLM(m, dtype="float32", enable_prefix_caching=False).generate(prompts, params)]
-    tight = LLM(m, dtype="float32", num_pages=24, num_slots=6, num_checkpoints=3, max_num_batched_tokens=128)
+    want = [o.token_ids for o in _llm(m, enable_prefix_caching=False).generate(prompts, params)]
+    tight = _llm(m, num_pages=24, num_slots=6, num_checkpoints=3, max_num_batched_tokens=128)
     for _ in range(2):                              # the second round hits what survived the first
         got = tight.generate(prompts, params)
         assert [o.token_ids for o in got] == want
@@ -148,7 +154,7 @@ def test_tiny_pool_evicts_and_preempts_with_identical_outputs(name):
     # a multi-turn session through the same tiny pool
     extra = random_prompts(5, 5, 20, v, seed=53)
     got = _conversation(tight, prompts[0][:60], 5, extra, params)
-    plain = LLM(m, dtype="float32", enable_prefix_caching=False)
+    plain = _llm(m, enable_prefix_caching=False)
     assert [o.token_ids for o in got] == [o.token_ids for o in _conversation(plain, prompts[0][:60], 5, extra, params)]
     usage = _idle(tight)
     assert usage["pages_cached"] > 0
@@ -156,7 +162,7 @@ def test_tiny_pool_evicts_and_preempts_with_identical_outputs(name):
 
 def test_prefix_cache_off_reports_nothing_cached():
     m = tiny_llama()
-    llm = LLM(m, dtype="float32", enable_prefix_caching=False)
+    llm = _llm(m, enable_prefix_caching=False)
     p = random_prompts(1, 100, 100, 256, seed=61)[0]
     assert [llm.generate([p], GREEDY)[0].num_cached_tokens for _ in range(2)] == [0, 0]
     assert llm.engine.cache.usage()["pages_cached"] == 0
