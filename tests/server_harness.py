@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+import signal
 import socket
+import subprocess
 import threading
 import time
 
@@ -30,6 +32,17 @@ def wait_healthy(proc, url: str, timeout: float = 300) -> None:
             pass
         assert time.monotonic() < deadline, "server did not come up"
         time.sleep(0.25)
+
+
+def stop_with_sigint(proc, timeout: float = 60) -> str:
+    """Ctrl-C a subprocess server and return its output (kill it if it does not exit)."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    return out
 
 
 def free_port() -> int:

@@ -8,7 +8,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import httpx
 import pytest
 
 from flashlane.cli.main import build_parser, main
-from server_harness import free_port, wait_healthy
+from server_harness import free_port, stop_with_sigint, wait_healthy
 
 API_KEY_ENV = "FLASHLANE_API_KEY"
 
@@ -101,12 +100,7 @@ def test_serve_reads_the_key_from_the_environment_and_a_second_server_on_its_por
         assert second.returncode == 2 and f"port {port} is in use" in second.stderr
         assert "serving" not in second.stdout
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            out, _ = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
+        out = stop_with_sigint(proc)
     assert proc.returncode == 0, out
     assert "serving tiny-flash" in out and "API key required" in out
     assert "env-k3y-value" not in out  # never printed, not even at start-up

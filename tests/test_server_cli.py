@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import pytest
 from flashlane import LLM, SamplingParams
 
 from engine_models import preset
-from server_harness import ENGINE_ARGS, LiveServer, free_port, wait_healthy
+from server_harness import ENGINE_ARGS, LiveServer, free_port, stop_with_sigint, wait_healthy
 
 pytestmark = pytest.mark.slow
 MODEL = "tiny-flash"
@@ -40,12 +39,7 @@ def test_serve_subprocess_end_to_end():
         assert r.usage.completion_tokens == 4
         assert httpx.get(url + "/v1/models").status_code == 401
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            out, _ = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
+        out = stop_with_sigint(proc)
     assert proc.returncode == 0, out
     assert f"serving {MODEL}" in out
 

@@ -19,11 +19,6 @@ class StateSnapshots:
     def __init__(self, cache: CacheTensors):
         spec = cache.spec
         self.pools = {name: t for name, t in cache.pools.items() if spec.pool(name).unit == "slot"}
-        self.num_rows = cache.num_state_rows
-
-    @property
-    def empty(self) -> bool:
-        return not self.pools
 
     def copy(self, src: int, dst: int) -> None:
         """Row ``src`` -> row ``dst`` in every slot pool (save: slot -> checkpoint; restore: back)."""
@@ -45,6 +40,3 @@ class StateSnapshots:
             raise ValueError(f"snapshot holds pools {sorted(data)}, the cache has {sorted(self.pools)}")
         for name, t in self.pools.items():
             t[:, row].copy_(data[name])
-
-    def row_bytes(self) -> int:
-        return sum(t[:, 0].numel() * t.element_size() for t in self.pools.values())
