@@ -1,49 +1,41 @@
-"""(d) SmolLM2-135M batch-1 decode tokens/s: flashlane vs llama.cpp (llama-cpp-python) on the same
-GGUF file. Skips cleanly (exit 0, JSON says why) when llama-cpp-python is not installed.
+"""(d) SmolLM2-135M batch-1 decode tokens/s: flashlane (fp32, int8, w8a8) vs llama.cpp
+(llama-cpp-python) on the same GGUF file and on its Q8_0 requantisation (int8 against int8),
+both sides on the same number of threads (llama-cpp-python's default is half the cores).
+Skips llama.cpp cleanly (exit 0, JSON says why) when llama-cpp-python is not installed.
 
-    python benchmarks/vs_llamacpp.py --new-tokens 128
+    python benchmarks/vs_llamacpp.py --new-tokens 128 --threads 2
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 import time
+from pathlib import Path
 
+import torch
 from common import write_result
+from gguf_requant import requantize
 
 from flashlane import LLM, SamplingParams
 from flashlane.models.registry import load_model
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--prompt", default="The three most important ideas in computer science are")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--out")
-    args = ap.parse_args()
+def flashlane_decode(args, quant: str | None) -> dict:
+    loaded = load_model(args.model, dtype=args.dtype)
+    llm = LLM(loaded, dtype=args.dtype, num_threads=args.threads, quantization=quant)
+    llm.generate(args.prompt, SamplingParams(max_tokens=4))
     params = SamplingParams(max_tokens=args.new_tokens, temperature=0, ignore_eos=True)
-    result = {"model": args.model, "dtype": args.dtype, "new_tokens": args.new_tokens}
-    for quant in (None, "int8"):
-        loaded = load_model(args.model, dtype=args.dtype)
-        llm = LLM(loaded, dtype=args.dtype, num_threads=args.threads, quantization=quant)
-        llm.generate(args.prompt, SamplingParams(max_tokens=4))
-        m = llm.generate(args.prompt, params)[0].metrics
-        key = "flashlane" if quant is None else f"flashlane_{quant}"
-        result[f"{key}_decode_tok_s"] = (len(m.token_times) - 1) / (m.token_times[-1] - m.token_times[0])
-        result[f"{key}_ttft_s"] = m.first_token_time - m.arrival_time
-    result["gguf"] = str(loaded.path)
-    try:
-        from llama_cpp import Llama
-    except ImportError:
-        result["llama_cpp"] = "skipped: llama-cpp-python is not installed (pip install llama-cpp-python)"
-        write_result("vs_llamacpp", result, args.out)
-        return
-    lcpp = Llama(model_path=str(loaded.path), n_ctx=1024, n_threads=args.threads, verbose=False)
+    m = llm.generate(args.prompt, params)[0].metrics
+    return {"decode_tok_s": (len(m.token_times) - 1) / (m.token_times[-1] - m.token_times[0]),
+            "ttft_s": m.first_token_time - m.arrival_time, "weights": llm.engine.describe_weights(),
+            "gguf": str(loaded.path)}
+
+
+def llama_cpp_decode(Llama, path: str, args) -> dict:
+    lcpp = Llama(model_path=path, n_ctx=1024, n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
     tokens = lcpp.tokenize(args.prompt.encode())
-    lcpp.eval(tokens)
     t = time.perf_counter()
     n = 0
     for _ in lcpp.generate(tokens, top_k=1, temp=0.0, reset=True):
@@ -53,9 +45,44 @@ def main() -> None:
         if n >= args.new_tokens:
             break
     t_end = time.perf_counter()
-    result.update({"llama_cpp_decode_tok_s": (n - 1) / (t_end - t_first), "llama_cpp_ttft_s": t_first - t})
-    for key in ("flashlane", "flashlane_int8"):
-        result[f"ratio_{key}_over_llama_cpp"] = result[f"{key}_decode_tok_s"] / result["llama_cpp_decode_tok_s"]
+    return {"decode_tok_s": (n - 1) / (t_end - t_first), "ttft_s": t_first - t, "gguf": path}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--prompt", default="The three most important ideas in computer science are")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--threads", type=int, default=None, help="threads for both sides (default: torch's)")
+    ap.add_argument("--quantizations", default="none,int8,w8a8", help="flashlane configurations to run")
+    ap.add_argument("--q8-dir", default=None, help="where the Q8_0 requantisation is written (default: a temp dir)")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    args.threads = args.threads or torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    result = {"model": args.model, "dtype": args.dtype, "new_tokens": args.new_tokens,
+              "threads": args.threads, "threads_note": "flashlane and llama.cpp both ran on this many threads",
+              "load_average_1m_at_start": os.getloadavg()[0]}
+    for q in args.quantizations.split(","):
+        quant = None if q == "none" else q
+        key = "flashlane" if quant is None else f"flashlane_{quant}"
+        result[key] = flashlane_decode(args, quant)
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        result["llama_cpp"] = ("skipped: llama-cpp-python is not installed (pip install llama-cpp-python; "
+                               "it builds llama.cpp from source)")
+        write_result("vs_llamacpp", result, args.out)
+        return
+    shipped = next(v["gguf"] for k, v in result.items() if k.startswith("flashlane"))
+    q8_dir = Path(args.q8_dir or tempfile.mkdtemp(prefix="flashlane-q8-"))
+    q8 = requantize(shipped, q8_dir / (Path(shipped).stem + ".Q8_0-requant.gguf"), "Q8_0")
+    result["llama_cpp"] = llama_cpp_decode(Llama, shipped, args)
+    result["llama_cpp_q8_0"] = llama_cpp_decode(Llama, str(q8), args)
+    for key in [k for k in result if k.startswith("flashlane")]:
+        for peer in ("llama_cpp", "llama_cpp_q8_0"):
+            result[f"ratio_{key}_over_{peer}"] = result[key]["decode_tok_s"] / result[peer]["decode_tok_s"]
     write_result("vs_llamacpp", result, args.out)
 
 

@@ -16,9 +16,9 @@ from flashlane.models.forward_batch import ForwardBatch
 
 class PagedRunner:
     def __init__(self, model, cfg, page_size: int = 16, max_tokens: int = 1024, max_seqs: int = 8,
-                 dtype: torch.dtype = torch.float32, seed: int = 0):
+                 dtype: torch.dtype = torch.float32, seed: int = 0, kv_cache_dtype: str = "auto"):
         self.model, self.cfg = model, cfg
-        self.spec = cache_spec(cfg, page_size)
+        self.spec = cache_spec(cfg, page_size, kv_cache_dtype)
         self.pages_per_seq = -(-max_tokens // page_size)
         num_pages = 1 + self.pages_per_seq * max_seqs
         self.cache = allocate_pools(self.spec, num_pages, max_seqs + 1, dtype)

@@ -17,7 +17,7 @@ FAKE_SERVE = f"{sys.executable} tests/bench_fake_server.py --port {{port}} --mod
 
 def server_pids(out: Path) -> list[int]:
     pids = set()
-    for f in out.glob("*/c*/summary.json"):
+    for f in list(out.glob("*/c*/summary.json")) + list(out.glob("*/*/c*/summary.json")):  # plain, stacks
         pid = json.loads(f.read_text())["telemetry"].get("server_pid")
         if pid:
             pids.add(pid)
@@ -109,22 +109,24 @@ def test_compare_stops_servers_on_ctrl_c(tmp_path):
 
 @pytest.mark.slow
 def test_flashlane_compare_default_targets_small_scale(tmp_path):
-    """`flashlane compare --scale small` end to end: tiny-flash vs tiny-standard, started here."""
+    """`flashlane compare --scale small --stacks flashlane` end to end: tiny-flash vs tiny-standard,
+    started here, over a concurrency sweep."""
     if not _flashlane_serve_available():
         pytest.skip("flashlane server not available yet (`flashlane serve --help` fails)")
     out = tmp_path / "e2e"
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "flashlane.cli.main", "compare", "--scale", "small",
-                        "--output-dir", str(out), "--no-progress"], capture_output=True, text=True,
+                        "--stacks", "flashlane", "--no-profile", "--output-dir", str(out), "--no-progress"],
+                       capture_output=True, text=True,
                        timeout=900, cwd=Path(__file__).resolve().parent.parent)
     elapsed = time.monotonic() - t0
     assert r.returncode == 0, r.stderr[-3000:]
     assert "tiny-flash (A) vs tiny-standard (B)" in r.stdout
     for c in ("1", "2", "4"):
-        assert f"## concurrency {c}" in r.stdout
+        assert f"## flashlane — concurrency {c}" in r.stdout
     for name in ("tiny-flash", "tiny-standard"):
         for c in ("c1", "c2", "c4"):
-            s = json.loads((out / name / c / "summary.json").read_text())
+            s = json.loads((out / "flashlane" / name / c / "summary.json").read_text())
             assert s["errors"]["total"] == 0 and s["sessions"]["completed"] == int(c[1]) + 1
             assert s["server_info"]["cache_bytes_per_token"]
     assert (out / "report.html").is_file()

@@ -29,8 +29,16 @@ ALLOWED = {
     # analyze reads configs, including the preset registry's config dicts (torch-free, imports
     # no flashlane module), so `flashlane analyze tiny-flash` works without any model code.
     "analyze": {"analyze", "flashlane.config", "flashlane.cache_spec", "flashlane.presets"},
-    "cli": {"base", "kernels", "models", "engine", "server", "bench", "analyze", "cli", "root"},
-    "root": {"base", "kernels", "models", "engine", "server", "bench", "analyze", "cli", "root"},
+    # evaluate drives the offline engine (accuracy, speed and memory of its options)
+    "evaluate": {"base", "kernels", "models", "engine", "evaluate"},
+    # compress calibrates models in plain torch (the engine's cache pools) and writes checkpoints
+    "compress": {"base", "kernels", "models", "engine", "compress"},
+    # tune starts servers as processes and measures them with the bench (HTTP only); the results
+    # store is plain SQLite and imports nothing else of flashlane
+    "tune": {"tune", "bench", "results", "flashlane.config", "flashlane.cache_spec"},
+    "results": {"results"},
+    "cli": {"base", "kernels", "models", "engine", "server", "bench", "analyze", "evaluate", "tune", "results", "compress", "cli", "root"},
+    "root": {"base", "kernels", "models", "engine", "server", "bench", "analyze", "evaluate", "tune", "results", "compress", "cli", "root"},
 }
 
 
@@ -172,6 +180,17 @@ def test_bench_and_analyze_stand_apart(graph):
                        and not (part == "analyze" and d == "flashlane.presets")]
                 assert bad == [], f"{mod} imports {bad}"
     assert not any(d == "flashlane" for m, ds in graph.items() if m.startswith("flashlane.bench") for d in ds)
+
+
+def test_tune_and_results_stand_apart(graph):
+    forbidden = ("flashlane.engine", "flashlane.models", "flashlane.server", "flashlane.kernels",
+                 "flashlane.cli", "flashlane.presets", "flashlane.analyze")
+    for mod, deps in graph.items():
+        if mod.startswith(("flashlane.tune", "flashlane.results")):
+            bad = [d for d in deps if d.startswith(forbidden) or d == "flashlane"
+                   or (mod.startswith("flashlane.results") and not d.startswith("flashlane.results"))]
+            assert bad == [], f"{mod} imports {bad}"
+    assert any(m.startswith("flashlane.tune") for m in graph) and "flashlane.results.store" in graph
 
 
 def test_no_import_cycles(graph):

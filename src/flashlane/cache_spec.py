@@ -11,6 +11,16 @@ Three pools, all addressed per sequence:
 ``pools()`` is the one description of every pool tensor (name, unit, shape, dtype): the engine
 allocates from it, budget planning and ``analyze`` read their byte counts from it. State-slot
 pools also hold prefix-cache checkpoints (extra rows of the same tensors).
+
+KV cache dtype (``kv_dtype``, the ``kv_cache_dtype`` engine argument) applies to the two paged
+pools (latent/KV and pooled index keys): None = the model dtype, ``bfloat16``, or ``int8``.
+int8 is symmetric with fp32 scales kept in their own page pools (``latent_scale``,
+``index_keys_scale``: one scale per token per group of a row, see ``kv_scale_groups``), so
+pages and scales are allocated, budgeted, exported and reloaded together. fp32 scales cost
+4 B next to rows of hundreds of bytes, and a bf16 scale (8-bit mantissa) would add a rounding
+error as large as half an int8 step on top of it. Per-sequence slot pools are not quantised:
+the KDA recurrent state stays fp32, the KDA conv state and the indexer tail ring (the raw
+[key | gate] of a still-incomplete pool, at most ``kpool`` tokens) stay in the model dtype.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from math import gcd, prod
 from .config import ModelConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "bf16": 2, "fp8": 1, "int8": 1}
+KV_CACHE_DTYPES = ("auto", "bfloat16", "int8")
 
 
 @dataclass(frozen=True)
@@ -35,6 +46,7 @@ class PoolSpec:
     per_unit: int                     # entries per unit (tokens per page, pools per page, 1 per slot)
     entry: tuple[int, ...]            # shape of one entry
     dtype: str | None = None
+    scale_of: str | None = None       # this pool holds the int8 scales of pool ``scale_of``
 
     def dtype_name(self, cache_dtype: str) -> str:
         return self.dtype or cache_dtype
@@ -59,6 +71,8 @@ class CacheSpec:
     conv_dim: int                         # 3 * linear_num_heads * linear_head_dim
     conv_width: int                       # kernel - 1 pre-conv inputs kept
     state_shape: tuple[int, int, int]     # (heads, key dim, value dim), fp32
+    kv_dtype: str | None = None           # paged pools' storage: None (model dtype) | bfloat16 | int8
+    latent_groups: int = 1                # int8 scales per token per latent row
 
     def latent_row(self, layer: int) -> int:
         return self.latent_layers.index(layer)
@@ -69,18 +83,40 @@ class CacheSpec:
     # ---- the pools ---------------------------------------------------------------------------
     def pools(self) -> tuple[PoolSpec, ...]:
         """Every pool tensor the cache holds; empty pools (no rows) are left out."""
-        n_kda, n_idx = len(self.kda_layers), len(self.index_layers)
-        pools = [
-            PoolSpec("latent", "page", len(self.latent_layers), self.page_size, (self.latent_dim,)),
-            PoolSpec("index_keys", "page", n_idx, self.page_size // self.kpool, (self.index_dim,)),
+        return tuple(p for p in self._all_pools() if p.rows)
+
+    def _all_pools(self) -> list[PoolSpec]:
+        n_kda, n_idx, n_lat = len(self.kda_layers), len(self.index_layers), len(self.latent_layers)
+        return [
+            *self._kv_pools("latent", n_lat, self.page_size, self.latent_dim, self.latent_groups),
+            *self._kv_pools("index_keys", n_idx, self.page_size // self.kpool, self.index_dim, 1),
             PoolSpec("index_tail", "slot", n_idx if self.kpool > 1 else 0, 1, (self.kpool, 2 * self.index_dim)),
             PoolSpec("conv", "slot", n_kda, 1, (self.conv_dim, self.conv_width)),
             PoolSpec("recurrent", "slot", n_kda, 1, self.state_shape, "float32"),
         ]
-        return tuple(p for p in pools if p.rows)
+
+    def _kv_pools(self, name: str, rows: int, per_unit: int, dim: int, groups: int) -> list[PoolSpec]:
+        """A paged pool in the KV cache dtype, plus its scale pool when that dtype is int8."""
+        data = PoolSpec(name, "page", rows, per_unit, (dim,), self.kv_dtype)
+        if self.kv_dtype != "int8":
+            return [data]
+        return [data, PoolSpec(f"{name}_scale", "page", rows, per_unit, (groups,), "float32", scale_of=name)]
 
     def pool(self, name: str) -> PoolSpec | None:
         return next((p for p in self.pools() if p.name == name), None)
+
+    def kv_dtype_name(self, model_dtype: str) -> str:
+        """What the paged pools store, ``auto`` resolved (a part of every prefix-cache key)."""
+        return self.kv_dtype or model_dtype
+
+    def entry_bytes(self, name: str, dtype: str = "bfloat16") -> int:
+        """Bytes of one entry of one row of pool ``name``, its scales included (rows may be 0)."""
+        return sum(prod(p.entry) * DTYPE_BYTES[p.dtype_name(dtype)] for p in self._all_pools()
+                   if name in (p.name, p.scale_of))
+
+    def page_bytes_per_token(self, dtype: str = "bfloat16") -> dict[str, float]:
+        """Bytes per token of every paged pool (scale pools listed on their own)."""
+        return {p.name: p.bytes_per_unit(dtype) / self.page_size for p in self.pools() if p.unit == "page"}
 
     @property
     def needs_state_slot(self) -> bool:
@@ -90,7 +126,7 @@ class CacheSpec:
     # ---- sizes -----------------------------------------------------------------------------
     def _unit_bytes(self, unit: str, dtype: str, names: tuple[str, ...] | None = None) -> int:
         return sum(p.bytes_per_unit(dtype) for p in self.pools()
-                   if p.unit == unit and (names is None or p.name in names))
+                   if p.unit == unit and (names is None or p.name in names or p.scale_of in names))
 
     def bytes_per_page(self, dtype: str = "bfloat16") -> int:
         return self._unit_bytes("page", dtype)
@@ -128,7 +164,10 @@ def chunk_multiple(cfg: ModelConfig, page_size: int) -> int:
     return m
 
 
-def cache_spec(cfg: ModelConfig, page_size: int = 16) -> CacheSpec:
+def cache_spec(cfg: ModelConfig, page_size: int = 16, kv_cache_dtype: str = "auto") -> CacheSpec:
+    """The layout for ``cfg``; ``kv_cache_dtype`` is one of ``KV_CACHE_DTYPES``."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
     kpool = max(cfg.index_kpool, 1)
     if page_size <= 0 or page_size % kpool:
         raise ValueError(f"page_size ({page_size}) must be a positive multiple of index_kpool ({kpool})")
@@ -163,4 +202,13 @@ def cache_spec(cfg: ModelConfig, page_size: int = 16) -> CacheSpec:
         conv_dim=3 * qkv if kda_layers else 0,
         conv_width=max(cfg.conv_kernel - 1, 0) if kda_layers else 0,
         state_shape=(cfg.linear_num_heads, cfg.linear_head_dim, cfg.linear_head_dim) if kda_layers else (0, 0, 0),
+        kv_dtype=None if kv_cache_dtype == "auto" else kv_cache_dtype,
+        latent_groups=kv_scale_groups(cfg),
     )
+
+
+def kv_scale_groups(cfg: ModelConfig) -> int:
+    """int8 scales per token per latent row. llama rows pack [K | V] of every KV head: one scale
+    per head of K and of V (heads differ in range, RoPE'd keys carry outlier channels). An MLA
+    row ``[ckv | k_rope]`` gets one scale; index keys always get one."""
+    return 2 * cfg.num_kv_heads if cfg.arch == "llama" else 1

@@ -3,12 +3,15 @@
 Row geometry (which layers own latent / index-key rows, widths, kpool, state shapes) comes from
 ``flashlane.cache_spec`` so analyze and the engine cannot disagree. Storage formats:
 
-* ``bf16``: 2 B per value (what flashlane's engine allocates on GPU/CPU in bfloat16).
-* ``fp8``: the serving-stack layout (SGLang / vLLM DSA FP8): e4m3 latent values with one fp32
-  scale per 128 values, the RoPE part of an MLA row kept in bf16 (GLM-5.x: 512 + 16 + 128 =
-  656 B per token per layer); indexer keys e4m3 + one fp32 scale per 128 (132 B per entry);
-  llama K/V e4m3 with a per-tensor scale (1 B per value).
-* ``int8``: 1 B per value plus one fp32 scale per 128-value group, RoPE part included.
+* ``bf16``: 2 B per value (flashlane's ``kv_cache_dtype`` ``bfloat16``, or ``auto`` on a bf16 model).
+* ``fp8``: the serving-stack layout (SGLang / vLLM DSA FP8), not one flashlane allocates: e4m3
+  latent values with one fp32 scale per 128 values, the RoPE part of an MLA row kept in bf16
+  (GLM-5.x: 512 + 16 + 128 = 656 B per token per layer); indexer keys e4m3 + one fp32 scale per
+  128 (132 B per entry); llama K/V e4m3 with a per-tensor scale (1 B per value).
+* ``int8``: flashlane's ``kv_cache_dtype`` ``int8``: 1 B per value plus fp32 per-token scales
+  (``cache_spec.kv_scale_groups``), the RoPE part included.
+bf16 and int8 bytes are read from ``cache_spec`` (the layout the engine allocates); per-pool
+numbers for those two are in ``CacheBytes.pool_per_token``.
 
 Per-sequence state (KDA recurrent fp32, KDA conv and indexer tail in the model dtype) does not
 grow with context and is reported separately.
@@ -23,7 +26,8 @@ from ..cache_spec import CacheSpec, cache_spec
 from ..config import ModelConfig
 
 KV_FORMATS = ("bf16", "fp8", "int8")
-GROUP = 128  # values per fp32 scale in the quantised formats
+ENGINE_KV_DTYPES = {"bf16": "bfloat16", "int8": "int8"}   # analyze format -> engine kv_cache_dtype
+GROUP = 128  # values per fp32 scale in the fp8 serving layout
 
 
 def _check(fmt: str) -> None:
@@ -31,25 +35,30 @@ def _check(fmt: str) -> None:
         raise ValueError(f"kv dtype {fmt!r} is not one of {', '.join(KV_FORMATS)}")
 
 
+def engine_spec(cfg: ModelConfig, fmt: str) -> CacheSpec:
+    """The engine's layout for an engine format (bf16, int8); page size = kpool (sizes per token
+    do not depend on it)."""
+    return cache_spec(cfg, page_size=max(cfg.index_kpool, 1), kv_cache_dtype=ENGINE_KV_DTYPES[fmt])
+
+
 def latent_row_bytes(cfg: ModelConfig, fmt: str) -> float:
     """Bytes one latent-pool row holds per token for one layer."""
     _check(fmt)
+    if fmt in ENGINE_KV_DTYPES:
+        return engine_spec(cfg, fmt).entry_bytes("latent")
     if cfg.arch == "llama":
-        dim = 2 * cfg.num_kv_heads * cfg.head_dim
-        return {"bf16": 2 * dim, "fp8": dim, "int8": dim + 4 * ceil(dim / GROUP)}[fmt]
+        return 2 * cfg.num_kv_heads * cfg.head_dim
     nope, rope = cfg.kv_lora_rank, cfg.qk_rope_head_dim
-    if fmt == "bf16":
-        return 2 * (nope + rope)
-    if fmt == "fp8":
-        return nope + 4 * ceil(nope / GROUP) + 2 * rope
-    return (nope + rope) + 4 * ceil((nope + rope) / GROUP)
+    return nope + 4 * ceil(nope / GROUP) + 2 * rope
 
 
 def index_entry_bytes(cfg: ModelConfig, fmt: str) -> float:
     """Bytes of one indexer key entry (one token, or one pool of kpool tokens)."""
     _check(fmt)
+    if fmt in ENGINE_KV_DTYPES:
+        return engine_spec(cfg, fmt).entry_bytes("index_keys")
     dh = cfg.index_head_dim
-    return 2 * dh if fmt == "bf16" else dh + 4 * ceil(dh / GROUP)
+    return dh + 4 * ceil(dh / GROUP)
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,7 @@ class CacheBytes:
     latent_per_token: dict[str, float]    # by format
     index_per_token: dict[str, float]
     mtp_per_token: dict[str, float]       # extra pool rows of the MTP draft layer(s), when drafting
+    pool_per_token: dict[str, dict[str, float]]   # engine formats (bf16, int8): bytes/token per pool
     state_recurrent: int                  # per sequence, fp32
     state_conv: int                       # per sequence, model dtype
     state_index_tail: int                 # per sequence, model dtype
@@ -78,22 +88,25 @@ class CacheBytes:
 
 
 def cache_bytes(cfg: ModelConfig, model_dtype: str = "bfloat16") -> CacheBytes:
+    if model_dtype not in ("bfloat16", "float16", "float32"):
+        raise ValueError(f"model dtype {model_dtype!r} is not one of bfloat16, float16, float32")
     spec: CacheSpec = cache_spec(cfg, page_size=max(cfg.index_kpool, 1))
     n_lat, n_idx, kpool = len(spec.latent_layers), len(spec.index_layers), spec.kpool
     latent = {f: n_lat * latent_row_bytes(cfg, f) for f in KV_FORMATS}
     index = {f: n_idx * index_entry_bytes(cfg, f) / kpool for f in KV_FORMATS}
-    # one source of truth: the bf16 numbers must be exactly what the engine allocates
-    assert latent["bf16"] + index["bf16"] == spec.bytes_per_token("bfloat16")
+    pools = {f: engine_spec(cfg, f).page_bytes_per_token(model_dtype) for f in ENGINE_KV_DTYPES}
+    # one source of truth: the engine formats must be exactly what the engine allocates
+    for f in ENGINE_KV_DTYPES:
+        assert latent[f] + index[f] == engine_spec(cfg, f).bytes_per_token(model_dtype) == sum(pools[f].values())
     mtp = {f: 0.0 for f in KV_FORMATS}
     if cfg.arch != "llama" and cfg.num_mtp_layers:
         mtp = {f: cfg.num_mtp_layers * (latent_row_bytes(cfg, f) + index_entry_bytes(cfg, f) / kpool)
                for f in KV_FORMATS}
-    if model_dtype not in ("bfloat16", "float16", "float32"):
-        raise ValueError(f"model dtype {model_dtype!r} is not one of bfloat16, float16, float32")
     return CacheBytes(
         latent_per_token=latent,
         index_per_token=index,
         mtp_per_token=mtp,
+        pool_per_token=pools,
         state_recurrent=spec.recurrent_bytes_per_sequence(),
         state_conv=spec.conv_bytes_per_sequence(model_dtype),
         state_index_tail=spec.tail_bytes_per_sequence(model_dtype),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 T = 1e12
 
@@ -28,6 +28,19 @@ class Hardware:
 
     def with_price(self, usd_per_hour: float | None) -> "Hardware":
         return self if usd_per_hour is None else replace(self, usd_per_hour=usd_per_hour)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Hardware":
+        """A profile stored with a run (e.g. compare's hardware_local.json)."""
+        try:
+            return cls(str(d["name"]), {k: float(v) for k, v in d["peak_flops"].items()},
+                       float(d["mem_bw"]), float(d["mem_bytes"]), float(d.get("usd_per_hour", 0.0)),
+                       str(d.get("note", "")))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"hardware profile: missing or bad field ({exc})") from exc
 
 
 HARDWARE = {
@@ -84,3 +97,21 @@ def get_hardware(name: str, usd_per_hour: float | None = None) -> Hardware:
     if key not in HARDWARE:
         raise ValueError(f"--hardware {name!r} is not one of {', '.join(hardware_names())}")
     return HARDWARE[key].with_price(usd_per_hour)
+
+
+
+def calibrate_local(seconds: float = 0.5, timeout_s: float = 60.0) -> Hardware:
+    """The `local` profile measured in a fresh interpreter (no thread pools or caches of the
+    caller warm or busy), e.g. by compare before it starts servers; store `.to_dict()` with the run."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, sys; from flashlane.analyze.hardware import measure_local; "
+            "print(json.dumps(measure_local(float(sys.argv[1])).to_dict()))")
+    try:
+        out = subprocess.run([sys.executable, "-c", code, str(seconds)], capture_output=True, text=True,
+                             timeout=timeout_s, check=True).stdout
+    except (subprocess.SubprocessError, OSError) as exc:
+        raise ValueError(f"hardware calibration failed: {exc}") from exc
+    return Hardware.from_dict(json.loads(out.strip().splitlines()[-1]))

@@ -69,6 +69,7 @@ def analyze_model(model: NamedConfig, setup: Setup, task: TaskProfile, opts: Opt
             "latent_bytes_per_token": dict(cache.latent_per_token),
             "index_bytes_per_token": dict(cache.index_per_token),
             "mtp_bytes_per_token": dict(cache.mtp_per_token),
+            "pool_bytes_per_token": {f: dict(v) for f, v in cache.pool_per_token.items()},
         },
         "state": {
             "bytes_per_sequence": cache.state_per_sequence,

@@ -82,8 +82,13 @@ def render_text(report: dict) -> str:
     section("cache and state")
     for f in KV_FORMATS:
         add(f"cache bytes/token {f}", lambda m, f=f: m["cache"]["bytes_per_token"][f], fmt_bytes)
-    add("  latent bytes/token bf16", lambda m: m["cache"]["latent_bytes_per_token"]["bf16"], fmt_bytes)
-    add("  indexer bytes/token bf16", lambda m: m["cache"]["index_bytes_per_token"]["bf16"], fmt_bytes)
+    kv = report["setup"]["kv_dtype"]
+    add(f"  latent bytes/token {kv}", lambda m: m["cache"]["latent_bytes_per_token"][kv], fmt_bytes)
+    add(f"  indexer bytes/token {kv}", lambda m: m["cache"]["index_bytes_per_token"][kv], fmt_bytes)
+    pools = dict.fromkeys(p for m in ms for p in m["cache"]["pool_bytes_per_token"].get(kv, {}))
+    for pool in pools:    # the engine's own pools (bf16 / int8 only: fp8 is not an engine format)
+        add(f"    pool {pool} bytes/token {kv}",
+            lambda m, pool=pool: m["cache"]["pool_bytes_per_token"][kv].get(pool, 0), fmt_bytes)
     add("state bytes/sequence", lambda m: m["state"]["bytes_per_sequence"], fmt_bytes)
     ctxs = [str(t) for t in report["contexts"]]
     section("FLOPs per decode token")

@@ -84,3 +84,106 @@ def explain(name_a: str, name_b: str, points: list[tuple[int | float, dict, dict
         lines.append(f"Cache per token: {fmt(ca)} vs {fmt(cb)} bytes ({fmt(ca / cb)}×), which sets how "
                      f"many concurrent sessions fit in memory at long contexts.")
     return lines
+
+
+# ---- multi-stack findings (compare --stacks) -------------------------------------------------
+
+def ratio_words(f) -> str:
+    """'2.05× (95% CI 1.80–2.40×, 4 vs 4 tasks)' for a PointFinding."""
+    if f.ratio is None:
+        return "– (no measured task)"
+    if f.ci is None:
+        return (f"{f.ratio:.2f}× (too few tasks for a CI: {len(f.hybrid_latencies)} vs "
+                f"{len(f.standard_latencies)})")
+    return (f"{f.ratio:.2f}× (95% CI {f.ci['low']:.2f}–{f.ci['high']:.2f}×, {f.ci['n_a']} vs "
+            f"{f.ci['n_b']} tasks)")
+
+
+def _verdict_sentence(f, hybrid: str, standard: str, load_name: str) -> str:
+    from .findings import FASTER, SAME, SLOWER
+    where = f"under {f.stack} at {load_name} {f.load:g}"
+    if f.verdict == SLOWER:
+        text = f"{where}, {hybrid} is slower per task than {standard}: {ratio_words(f)}"
+    elif f.verdict == FASTER:
+        text = f"{where}, {hybrid} is faster per task than {standard}: {ratio_words(f)}"
+    elif f.verdict == SAME:
+        text = f"{where}, no significant difference per task ({hybrid}/{standard} {ratio_words(f)}; the CI spans 1)"
+    else:
+        text = f"{where}, {hybrid}/{standard} per task {ratio_words(f)}: not enough tasks to tell"
+    if f.noisy:
+        text += f" — noisy run: {'; '.join(f.noisy)}"
+    return text[0].upper() + text[1:] + "."
+
+
+def headline(findings: list, hybrid: str, standard: str, load_name: str = "concurrency") -> str:
+    """The answer in one line: which stack reproduces the public finding's direction (the hybrid
+    slower per task), by how much, with CI; and which stack closes it; noisy runs said so."""
+    noisy = sum(1 for f in findings if f.noisy)
+    note = (f" Noisy: the machine was busy during {noisy} of {len(findings)} comparisons, so "
+            f"timings are distorted; rerun on an idle machine." if noisy else "")
+    return _headline(findings, hybrid, standard, load_name) + note
+
+
+def _headline(findings: list, hybrid: str, standard: str, load_name: str) -> str:
+    from .findings import FASTER, SAME, reproducing_stacks
+    if not findings:
+        return "No load point finished, so there is no answer."
+    repro = reproducing_stacks(findings)
+    first = min(f.load for f in findings)
+    if repro:
+        best = max(repro, key=lambda f: f.ratio)
+        text = (f"{best.stack} reproduces the public finding's direction: {hybrid} is {best.ratio:.2f}× "
+                f"slower per task than {standard} (95% CI {best.ci['low']:.2f}–{best.ci['high']:.2f}×) "
+                f"at {load_name} {best.load:g}")
+        others = sorted({f.stack for f in repro} - {best.stack})
+        if others:
+            text += f" (also under {', '.join(others)})"
+    else:
+        text = (f"No stack reproduces the public finding's direction with significance ({hybrid} "
+                f"slower per task than {standard}); at {load_name} {first:g}: " + "; ".join(
+                    f"{f.stack} {f.verdict} ({f.ratio:.2f}×)" if f.ratio is not None else f"{f.stack} {f.verdict}"
+                    for f in findings if f.load == first))
+        return text + "."
+    closing = [f for f in findings if f.load == first and f.verdict in (FASTER, SAME)
+               and f.stack not in {r.stack for r in repro}]
+    if closing:
+        text += "; closed under " + ", ".join(
+            f"{f.stack} ({'faster, ' if f.verdict == FASTER else 'no significant difference, '}"
+            f"{f.ratio:.2f}×)" for f in closing)
+    return text + "."
+
+
+def explain_stacks(findings: list, hybrid: str, standard: str, load_name: str = "concurrency",
+                   steps: list[dict] | None = None, attribution: list[str] | None = None) -> list[str]:
+    """Headline, each point's verdict, flips between load points, what each stack change did
+    (waterfall steps), then the attribution lines (predicted vs measured, profile)."""
+    from .findings import flips
+    lines = [headline(findings, hybrid, standard, load_name)]
+    lines += [_verdict_sentence(f, hybrid, standard, load_name)
+              for f in findings]  # in run order: stack by stack, load points ascending
+    for stack in dict.fromkeys(f.stack for f in findings):
+        for a, b in flips([f for f in findings if f.stack == stack]):
+            sig = ("both significant" if a.ci and b.ci and a.ci["significant"] and b.ci["significant"]
+                   else "at least one side not significant")
+            lines.append(f"The verdict flips under {stack} between {load_name} {a.load:g} "
+                         f"({a.ratio:.2f}×) and {b.load:g} ({b.ratio:.2f}×); {sig}.")
+    lines += list(attribution or [])
+    for prev, s in zip(steps or [], (steps or [])[1:]):
+        if s["d_ratio"] is None:
+            continue
+        lines.append(f"From {prev['stack']} to {s['stack']}: {hybrid} {fmt(prev['hybrid_s'])} → "
+                     f"{fmt(s['hybrid_s'])} s per task, {standard} {fmt(prev['standard_s'])} → "
+                     f"{fmt(s['standard_s'])} s; the ratio moves {prev['ratio']:.2f}× → {s['ratio']:.2f}×.")
+    return lines
+
+
+def prediction_sentence(model: str, stack: str, predicted: dict, measured: dict) -> str:
+    """Prediction beside measurement per component; the residual is serving overhead."""
+    model_time = measured["prefill_s"] + measured["decode_s"]
+    residual = measured["task_s"] - measured["think_s"] - predicted["task_s"]
+    return (f"{model} under {stack}: analyze predicts {fmt(predicted['prefill_s'])} s prefill + "
+            f"{fmt(predicted['decode_s'])} s decode = {fmt(predicted['task_s'])} s of model time per "
+            f"task on this machine; measured {fmt(measured['prefill_s'])} s + {fmt(measured['decode_s'])} s "
+            f"(= {fmt(model_time)} s) and {fmt(measured['task_s'] - measured['think_s'])} s per task "
+            f"outside think/tool time; the residual {fmt(residual)} s is serving overhead (dispatch, "
+            f"scheduling, idle).")

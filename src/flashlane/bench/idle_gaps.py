@@ -6,6 +6,11 @@ covers the period since sample i-1). Each gap is split by what the client and se
   B  stack bubble   - requests in flight, device idle, nothing queued in the engine
   C  queue          - requests in flight and the engine reports waiting requests
 and labelled with the class holding most of its time.
+
+Against a flashlane server the timeline is the engine's own step records (``/debug/steps``):
+busy means inside a step, a gap is the time between two steps, and "queued" means the step
+before the gap left requests waiting. CPU% and NVML samples (the fallback for other servers)
+are distorted by co-tenants and too coarse for sub-second bubbles; step records are neither.
 """
 
 from __future__ import annotations
@@ -51,6 +56,15 @@ def detect_gaps(times, values, threshold: float = 0.05, min_gap_s: float = 0.2):
     return gaps
 
 
+def _attribute(s: float, e: float, merged, queued: bool) -> dict:
+    length = e - s
+    busy = overlap(merged, s, e)
+    parts = {"A": max(0.0, length - busy), "B": 0.0 if queued else busy, "C": busy if queued else 0.0}
+    cls = max(CLASSES, key=lambda c: parts[c])
+    return {"start": s, "end": e, "duration_s": length, "cls": cls,
+            "a_s": parts["A"], "b_s": parts["B"], "c_s": parts["C"]}
+
+
 def classify_gaps(gaps, in_flight_intervals, waiting=(), waiting_tolerance_s: float = 0.5):
     """Attribute each gap; `waiting` = [(t, num_requests_waiting)] scraped from the server."""
     merged = merge_intervals(in_flight_intervals)
@@ -58,16 +72,48 @@ def classify_gaps(gaps, in_flight_intervals, waiting=(), waiting_tolerance_s: fl
     w_times = [t for t, _ in wt]
     out = []
     for s, e in gaps:
-        length = e - s
-        busy = overlap(merged, s, e)
         lo = bisect_left(w_times, s - waiting_tolerance_s)
         hi = bisect_right(w_times, e + waiting_tolerance_s)
-        queued = any(v > 0 for _, v in wt[lo:hi])
-        parts = {"A": max(0.0, length - busy), "B": 0.0 if queued else busy, "C": busy if queued else 0.0}
-        cls = max(CLASSES, key=lambda c: parts[c])
-        out.append({"start": s, "end": e, "duration_s": length, "cls": cls,
-                    "a_s": parts["A"], "b_s": parts["B"], "c_s": parts["C"]})
+        out.append(_attribute(s, e, merged, any(v > 0 for _, v in wt[lo:hi])))
     return out
+
+
+def step_gaps(steps, in_flight_intervals, ws: float, we: float, min_gap_s: float = 0.2):
+    """Classified idle gaps of ``[ws, we]`` from engine steps ``[(start, end, num_waiting_after)]``
+    on the client's clock, in step order. A gap is the time between two steps (or a window edge
+    and a step) lasting >= ``min_gap_s``; it is queued (C) when the step before it left requests
+    waiting: only a step admits, so they waited through the whole gap."""
+    merged = merge_intervals(in_flight_intervals)
+    out = []
+    prev_end, waiting = ws, 0
+    for start, end, num_waiting in [*steps, (we, we, 0)]:
+        s, e = max(prev_end, ws), min(start, we)
+        if e - s >= min_gap_s:
+            out.append(_attribute(s, e, merged, waiting > 0))
+        if end > prev_end:
+            prev_end, waiting = end, num_waiting
+    return out
+
+
+def step_busy_fractions(steps, in_flight_intervals, ws: float, we: float) -> dict:
+    """Time inside a step over the window, and over the time something was in flight."""
+    busy = merge_intervals([(max(s, ws), min(e, we)) for s, e, _ in steps if e > ws and s < we])
+    in_flight = merge_intervals([(max(s, ws), min(e, we)) for s, e in in_flight_intervals if e > ws and s < we])
+    busy_s = sum(e - s for s, e in busy)
+    in_flight_s = sum(e - s for s, e in in_flight)
+    return {"overall": busy_s / (we - ws) if we > ws else None,
+            "when_in_flight": (sum(overlap(busy, s, e) for s, e in in_flight) / in_flight_s
+                               if in_flight_s > 0 else None),
+            "steps": len(steps)}
+
+
+def step_series(steps) -> tuple[list[float], list[float]]:
+    """Steps as a square wave to plot: 1 inside a step, 0 between steps."""
+    times, values = [], []
+    for s, e, _ in steps:
+        times += [s, s, e, e]
+        values += [0.0, 1.0, 1.0, 0.0]
+    return times, values
 
 
 def summarize_gaps(gaps, window_s: float | None = None) -> dict:

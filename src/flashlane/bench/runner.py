@@ -13,7 +13,8 @@ from . import plots, report_html, report_md
 from .client import Target, fetch_json, make_client
 from .clock import now
 from .convert import to_inferencex, to_vllm_flat
-from .idle_gaps import busy_fractions, classify_gaps, detect_gaps, summarize_gaps
+from .idle_gaps import (busy_fractions, classify_gaps, detect_gaps, step_busy_fractions, step_gaps, step_series,
+                        summarize_gaps)
 from .load import LoadPoint, RunControl, run_load
 from .manifest import git_sha, harness_version, host_info, utc_now
 from .metrics import SummaryParams, compute_summary, e2e, tpot, ttft
@@ -242,7 +243,19 @@ def analyse_telemetry(tel: Telemetry | None, records, ws: float, we: float, cfg:
     waiting = tel.metric_matching("num_requests_waiting")
     gaps: list = []
     series = {"waiting": waiting, "intervals": intervals}
-    if tel.utilisation_series:
+    if tel.engine_steps is not None:   # a flashlane server: the engine's own clock
+        steps = [(r["start"], r["end"], r["num_waiting"]) for r in tel.engine_steps]
+        gaps = step_gaps(steps, intervals, ws, we, cfg.min_gap_s)
+        out["utilisation_source"] = "engine.steps"
+        out["idle_gap_source"] = "engine step records (/debug/steps)"
+        out["engine_steps_complete"] = tel.engine_steps_complete
+        out["idle_gaps"] = summarize_gaps(gaps, we - ws)
+        out["min_gap_s"] = cfg.min_gap_s
+        bf = step_busy_fractions(steps, intervals, ws, we)
+        out["busy_overall"], out["busy_when_in_flight"] = bf["overall"], bf["when_in_flight"]
+        series.update(util=step_series([s for s in steps if s[1] > ws and s[0] < we]))
+    elif tel.utilisation_series:
+        out["idle_gap_source"] = f"utilisation samples ({tel.utilisation_series} below {cfg.idle_threshold:g})"
         ut, uv = tel.series(tel.utilisation_series)
         keep = [i for i, t in enumerate(ut) if ws <= t <= we]
         ut, uv = [ut[i] for i in keep], [uv[i] for i in keep]

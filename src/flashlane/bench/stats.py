@@ -46,6 +46,38 @@ def bootstrap_ci(clusters: list[list[float]], stat: str = "mean", n_boot: int = 
             "n_clusters": k, "n_boot": n_boot}
 
 
+def ratio_of_means_ci(clusters_a: list[list[float]], clusters_b: list[list[float]],
+                      n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> dict | None:
+    """Bootstrap CI of mean(A) / mean(B), each mean over all values of its clusters (sessions).
+    A's and B's sessions are resampled independently (with replacement, whole sessions), since
+    the two runs are separate samples; None when either side has fewer than 2 sessions or B's
+    mean is not positive. `significant` is False when the interval spans 1."""
+    a = [np.asarray(c, dtype=float) for c in clusters_a if len(c)]
+    b = [np.asarray(c, dtype=float) for c in clusters_b if len(c)]
+    if len(a) < 2 or len(b) < 2:
+        return None
+    point_b = float(np.concatenate(b).mean())
+    if point_b <= 0:
+        return None
+    rng = np.random.default_rng(seed)
+    boot_a = _cluster_mean_draws(a, n_boot, rng)
+    boot_b = _cluster_mean_draws(b, n_boot, rng)
+    keep = boot_b > 0
+    ratios = boot_a[keep] / boot_b[keep]
+    lo, hi = np.percentile(ratios, [(1 - level) / 2 * 100, (1 + level) / 2 * 100])
+    return {"ratio": float(np.concatenate(a).mean()) / point_b, "low": float(lo), "high": float(hi),
+            "level": level, "n_a": len(a), "n_b": len(b), "n_boot": n_boot,
+            "significant": not (lo <= 1.0 <= hi)}
+
+
+def _cluster_mean_draws(clusters: list[np.ndarray], n_boot: int, rng) -> np.ndarray:
+    """n_boot bootstrap means: whole clusters drawn with replacement, mean over their values."""
+    sums = np.array([c.sum() for c in clusters])
+    sizes = np.array([c.size for c in clusters], dtype=float)
+    idx = rng.integers(0, len(clusters), size=(n_boot, len(clusters)))
+    return sums[idx].sum(axis=1) / sizes[idx].sum(axis=1)
+
+
 def _stat_fn(stat: str):
     if stat == "mean":
         return np.mean

@@ -1,15 +1,19 @@
 """Telemetry sampled during a run, timestamped on the bench clock: the server's Prometheus
 `/metrics` (every numeric sample kept, names as exposed), the server process tree's CPU% and RSS
 when it runs on this host (psutil), GPUs through NVML when present (utilisation, memory, power,
-energy), and the bench client's own CPU%."""
+energy), and the bench client's own CPU%. A flashlane server also hands over its engine step
+records (``GET /debug/steps``) at the end, mapped onto the bench clock: the engine's own
+utilisation timeline, used instead of CPU%/NVML when present."""
 
 from __future__ import annotations
 
 import asyncio
 import csv
+import json
 import math
 import os
 import re
+import time
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -135,6 +139,11 @@ class Telemetry:
             self.me = None
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
+        # the bench clock is monotonic; step records are wall-clock: one offset maps them (same host)
+        self.wall_minus_bench = time.time() - now()
+        self.started_at: float | None = None
+        self.engine_steps: list[dict] | None = None   # None: the server has no /debug/steps
+        self.engine_steps_complete = True            # False: the ring buffer lost the window's start
 
     @property
     def utilisation_series(self) -> str | None:
@@ -146,11 +155,42 @@ class Telemetry:
         return None
 
     def start(self) -> None:
+        self.started_at = now()
         self._tasks = [asyncio.create_task(self._scrape_loop()), asyncio.create_task(self._sample_loop())]
 
     async def stop(self) -> None:
         self._stop.set()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.started_at is not None:
+            async with httpx.AsyncClient(timeout=30.0) as client:
+                await self.fetch_engine_steps(client, self.started_at)
+
+    async def fetch_engine_steps(self, client: httpx.AsyncClient, since: float, max_pages: int = 100) -> None:
+        """Engine step records ending after bench-clock ``since``, on the bench clock (start/end;
+        every other field as served). Leaves ``engine_steps`` None when the endpoint does not
+        answer (not a flashlane server, or an older one)."""
+        steps: list[dict] = []
+        cursor = since + self.wall_minus_bench
+        for _ in range(max_pages):
+            try:
+                r = await client.get(self.base_url + "/debug/steps", params={"since": cursor})
+                doc = r.json() if r.status_code == 200 else None
+            except (httpx.HTTPError, ValueError):
+                doc = None
+            if not isinstance(doc, dict) or not isinstance(doc.get("steps"), list):
+                if not steps:
+                    return
+                break
+            page = doc["steps"]
+            if not steps and doc.get("dropped") and (doc.get("oldest_start") or 0) > cursor:
+                self.engine_steps_complete = False
+            for rec in page:
+                steps.append({**rec, "start": rec["start"] - self.wall_minus_bench,
+                              "end": rec["end"] - self.wall_minus_bench})
+            if not doc.get("more") or not page:
+                break
+            cursor = page[-1]["end"]
+        self.engine_steps = steps
 
     async def _tick(self, interval: float) -> bool:
         try:
@@ -230,6 +270,9 @@ class Telemetry:
             w.writerow(["t_rel_s", "t", "source", "name", "value"])
             for t, s, n, v in self.samples:
                 w.writerow([f"{t - t0:.4f}", f"{t:.6f}", s, n, repr(v)])
+        if self.engine_steps is not None:
+            with open(folder / "engine_steps.jsonl", "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in self.engine_steps)
         if self.first_scrape is not None:
             (folder / "metrics_first.prom").write_text(self.first_scrape)
             (folder / "metrics_last.prom").write_text(self.last_scrape or "")

@@ -24,7 +24,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--tp", type=int, default=8, help="tensor-parallel degree (attention side)")
     p.add_argument("--dp", type=int, default=1, help="attention data-parallel groups; devices = tp x dp")
     p.add_argument("--weight-dtype", default="fp8", choices=("bf16", "fp8", "int8"), help="dtype of the weights")
-    p.add_argument("--kv-dtype", default="bf16", choices=("bf16", "fp8", "int8"), help="dtype of the KV cache")
+    p.add_argument("--kv-dtype", "--kv-cache-dtype", dest="kv_dtype", default="bf16",
+                   choices=("bf16", "bfloat16", "fp8", "int8"),
+                   help="dtype of the KV cache (bf16 = bfloat16 and int8 are the engine's --kv-cache-dtype "
+                        "layouts; fp8 is the serving-stack layout)")
     p.add_argument("--batch", type=int, default=32, help="decode batch / task concurrency for the roofline")
     p.add_argument("--task", default="agentic",
                    help="task profile: 'agentic', a spec like turns=30,prefix=12k,in=1.5k,out=400, "
@@ -48,7 +51,8 @@ def run(args) -> int:
         if args.baseline:
             models.append(resolve_model(args.baseline))
         setup = Setup(get_hardware(args.hardware, args.usd_per_gpu_hour), Layout(args.tp, args.dp),
-                      args.weight_dtype, args.kv_dtype, args.mfu, args.mbu)
+                      args.weight_dtype, "bf16" if args.kv_dtype == "bfloat16" else args.kv_dtype,
+                      args.mfu, args.mbu)
         report = build_report(models, setup, load_task(args.task), Options(contexts, args.batch))
     except (ConfigError, ValueError) as exc:
         print(f"flashlane analyze: {exc}", file=sys.stderr)

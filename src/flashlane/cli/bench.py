@@ -18,7 +18,7 @@ def add_parser(subparsers):
                    help="agentic session replay, multi-turn chat, or fixed-length requests")
     p.add_argument("--trace", default=None,
                    help="agentic: AgentX / Mooncake / length-only trace file (default: synthetic sessions)")
-    p.add_argument("--scale", choices=("small", "medium", "large", "full"), default="medium",
+    p.add_argument("--scale", choices=("small", "medium", "long", "large", "full"), default="medium",
                    help="agentic: size of synthetic sessions")
     load = p.add_mutually_exclusive_group()
     load.add_argument("--concurrency", type=int_list, default=None,
@@ -103,4 +103,6 @@ def run(args) -> int:
         if not s["validity"]["valid"]:
             print(f"{p.label}: INVALID: {'; '.join(s['validity']['reasons'])}", file=sys.stderr)
     print(f"results: {output_dir}")
+    from .record import record_results
+    record_results(args, "bench", output_dir)
     return 0

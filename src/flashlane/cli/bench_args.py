@@ -107,6 +107,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help="utilisation below this counts as idle (idle-gap detection)")
     p.add_argument("--min-gap", type=float, default=0.2, help="shortest idle gap reported (s)")
     p.add_argument("--no-progress", action="store_true", help="no live progress display")
+    p.add_argument("--results-db", default=None,
+                   help="results store the run is registered in (default: $FLASHLANE_HOME/results.db)")
+    p.add_argument("--no-record", action="store_true", help="do not register the run in the results store")
 
 
 def common_kwargs(args) -> dict:

@@ -58,6 +58,16 @@ def _writable_dir(value: str) -> str:
     return str(path)
 
 
+def _at_least_one(value: str) -> int:
+    try:
+        v = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value!r}")
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value!r}")
+    return v
+
+
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
     d = EngineArgs()
     p.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16"],
@@ -74,14 +84,29 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-slots", type=int, default=None,
                    help="recurrent-state slots, overriding the --cache-memory split (default: from --cache-memory)")
     p.add_argument("--max-wait-ms", type=float, default=d.max_wait_ms, help="dynamic batching window (0: off)")
+    p.add_argument("--scheduler", choices=["continuous", "static"], default=d.scheduler,
+                   help="continuous: requests join and leave every step; static: fixed batches of up to "
+                        "--static-batch-size requests in arrival order, each run to completion before the "
+                        "next starts (the naive baseline)")
+    p.add_argument("--static-batch-size", type=_at_least_one, default=d.static_batch_size,
+                   help="requests per batch with --scheduler static")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="longest sequence, prompt plus output (default: the model's, capped by the cache)")
     p.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--quantization", choices=["int8"], default=None,
-                   help="weight-only int8 linear layers (faster small-batch decode on CPU; default: none)")
+    p.add_argument("--quantization", choices=["int8", "w8a8"], default=None,
+                   help="int8 weights for every linear, the MoE experts and the LM head; w8a8 also "
+                        "quantises activations per token where that measures faster (prefill on "
+                        "VNNI/AMX CPUs); the kernel choice is printed at start-up (default: none)")
     p.add_argument("--skip-tokenizer-init", action="store_true", default=d.skip_tokenizer_init,
                    help="load no tokenizer (a checkpoint without tokenizer.json): prompts and outputs are "
                         "token ids, output text is empty")
+    g = p.add_argument_group("KV cache precision and sparse attention")
+    g.add_argument("--kv-cache-dtype", choices=["auto", "bfloat16", "int8"], default=d.kv_cache_dtype,
+                   help="storage of the latent/KV pages and the pooled index keys: auto (the model dtype), "
+                        "bfloat16, or int8 with fp32 per-token scales; KDA state stays fp32 (default: auto)")
+    g.add_argument("--index-topk", type=_at_least_one, default=d.index_topk,
+                   help="tokens each DSA query attends, overriding the config's index_topk (sparse-attention "
+                        "models only; a multiple of index_kpool; default: the config's)")
     g = p.add_argument_group("prefix cache")
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=d.enable_prefix_caching,
                    help="share full pages by content between requests, with state checkpoints for hybrid "
@@ -103,5 +128,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     return {k: getattr(args, k) for k in (
         "dtype", "seed", "page_size", "max_num_seqs", "max_num_batched_tokens", "cache_memory",
         "num_pages", "num_slots", "max_wait_ms", "max_model_len", "num_threads", "compile", "quantization",
+        "scheduler", "static_batch_size",
+        "kv_cache_dtype", "index_topk",
         "skip_tokenizer_init",
         "enable_prefix_caching", "checkpoint_share", "host_cache_memory", "disk_cache_dir", "disk_cache_bytes")}

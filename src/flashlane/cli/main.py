@@ -15,7 +15,13 @@ COMMANDS = {
     "bench": "flashlane.cli.bench",
     "compare": "flashlane.cli.compare",
     "analyze": "flashlane.cli.analyze",
+    "profile": "flashlane.cli.profile",
+    "tune": "flashlane.cli.tune",
+    "history": "flashlane.cli.history",
     "make-tiny": "flashlane.cli.make_tiny",
+    "eval": "flashlane.cli.eval",
+    "prune": "flashlane.cli.prune",
+    "distill": "flashlane.cli.distill",
 }
 
 

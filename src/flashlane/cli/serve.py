@@ -8,7 +8,7 @@ import os
 import socket
 
 from ..server.body_limits import DEFAULT_MAX_SEQS_PER_REQUEST
-from .engine_flags import add_engine_flags, engine_kwargs
+from .engine_flags import _writable_dir, add_engine_flags, engine_kwargs
 from .help import HelpFormatter
 
 API_KEY_ENV = "FLASHLANE_API_KEY"  # vLLM reads VLLM_API_KEY the same way
@@ -46,6 +46,9 @@ def add_parser(sub):
     p.add_argument("--limit-concurrency", type=int, default=None, metavar="N",
                    help="open connections (or requests in flight) allowed; a request beyond them gets 503 with "
                         "'Connection: close' (default: 1024, fewer if the open-file limit is lower)")
+    p.add_argument("--profile-dir", type=_writable_dir, default=None, metavar="DIR",
+                   help="enable POST /start_profile and /stop_profile: a torch.profiler window over live "
+                        "traffic, written to DIR as a Chrome/Perfetto trace (default: off, the endpoints answer 404)")
     add_engine_flags(p)
     return p
 
@@ -68,12 +71,13 @@ def run(args) -> int:
         engine = AsyncEngine(args.model, **engine_kwargs(args))
         app = create_app(engine, served_model_name=args.served_model_name or args.model, api_key=api_key,
                          max_queue=args.max_queue, max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
-                         max_seqs_per_request=args.max_seqs_per_request)
+                         max_seqs_per_request=args.max_seqs_per_request, profile_dir=args.profile_dir)
         listen(sock, args.host, args.port)
         port = sock.getsockname()[1]
         host = f"[{args.host}]" if ":" in args.host else args.host
         print(f"flashlane: serving {engine.engine.model_name} as {args.served_model_name or args.model!r} "
               f"on http://{host}:{port}{' (API key required)' if api_key else ''}\n"
+              f"flashlane: {engine.engine.describe_weights()}\n"
               f"flashlane: {engine.engine.describe_cache()}", flush=True)
         level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
         config = uvicorn_config(app, args.host, port, limits, log_level=level,

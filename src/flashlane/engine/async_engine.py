@@ -14,6 +14,7 @@ import threading
 import time
 from typing import AsyncIterator
 
+from ..kernels.profiling import profiling_range
 from .llm_engine import LLMEngine
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
@@ -109,6 +110,13 @@ class AsyncEngine:
     def _snapshot(self) -> dict:
         return {**self.engine.stats(), "finish_reasons": dict(self.engine.finish_reasons)}
 
+    def call_in_engine_thread(self, fn, *args) -> concurrent.futures.Future:
+        """Run ``fn(*args)`` on the stepping thread between two steps (torch.profiler records
+        the thread it is started on, so a live profiling window starts and stops here)."""
+        if not self.alive:
+            raise EngineDeadError(f"engine is not running: {self.error!r}")
+        return self._call(fn, *args)
+
     # ---- the stepping thread -----------------------------------------------------------------
     def _call(self, fn, *args) -> concurrent.futures.Future:
         fut: concurrent.futures.Future = concurrent.futures.Future()
@@ -143,7 +151,9 @@ class AsyncEngine:
                     except Exception as exc:  # reported to the caller, engine keeps going
                         fut.set_exception(exc)
                 if self.engine.has_unfinished():
-                    for out in self.engine.step():
+                    with profiling_range("engine_step"):
+                        outputs = self.engine.step()
+                    for out in outputs:
                         self._deliver(out)
                 else:
                     self._wake.wait(0.05)

@@ -20,7 +20,9 @@ class EngineArgs:
     max_model_len: int | None = None     # default: the model's max_position_embeddings
     num_threads: int | None = None       # torch intra-op threads (CPU)
     compile: bool = False                # torch.compile the models' dispatch-bound kernels
-    quantization: str | None = None      # "int8": weight-only int8 linears (modifies the model in place)
+    quantization: str | None = None      # int8 (weight-only) | w8a8 (+ dynamic int8 activations); in place
+    kv_cache_dtype: str = "auto"         # latent/KV + index-key pools: auto (model dtype) | bfloat16 | int8
+    index_topk: int | None = None        # sparse-attention selection size, overriding the config's
     skip_tokenizer_init: bool = False    # no tokenizer: prompts and outputs are token ids (text stays empty)
     enable_prefix_caching: bool = True   # share full pages by content; state checkpoints for hybrids
     checkpoint_share: float = 0.1        # share of cache_memory for state checkpoints (stateful models)
@@ -28,6 +30,9 @@ class EngineArgs:
     host_cache_memory: int = 0           # bytes of host memory for pages/checkpoints evicted from the pool
     disk_cache_dir: str | None = None    # directory of the disk tier (survives restarts); None = off
     disk_cache_bytes: int | None = None  # byte budget of the disk tier (None = unbounded)
+    scheduler: str = "continuous"        # continuous | static (fixed batches run to completion)
+    static_batch_size: int = 32          # static: requests per batch, taken in arrival order
+    step_log_size: int = 100_000         # engine step records kept (ring buffer; /debug/steps)
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineArgs":
@@ -38,13 +43,27 @@ class EngineArgs:
         return cls(**kwargs)
 
     def validate(self) -> None:
+        if self.scheduler not in ("continuous", "static"):
+            raise ValueError(f"scheduler must be 'continuous' or 'static', got {self.scheduler!r}")
+        for name in ("static_batch_size", "step_log_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if self.scheduler == "static" and self.max_wait_ms:
+            raise ValueError("max_wait_ms (the dynamic batching window) is a continuous-scheduler option; "
+                             "scheduler='static' forms each batch from what is waiting when the last one ends")
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ValueError(f"dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
         for name in ("page_size", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.quantization not in (None, "int8"):
-            raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}")
+        if self.quantization not in (None, "int8", "w8a8"):
+            raise ValueError(f"quantization must be None, 'int8' or 'w8a8', got {self.quantization!r}")
+        if self.kv_cache_dtype not in ("auto", "bfloat16", "int8"):
+            raise ValueError(f"kv_cache_dtype must be auto, bfloat16 or int8, got {self.kv_cache_dtype!r}")
+        if self.index_topk is not None and (isinstance(self.index_topk, bool) or not isinstance(self.index_topk, int)
+                                            or self.index_topk < 1):
+            raise ValueError(f"index_topk must be an integer >= 1 (or None for the config's), got {self.index_topk!r}")
         if self.max_wait_ms < 0:
             raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")
         share = self.checkpoint_share

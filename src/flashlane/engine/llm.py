@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from .llm_engine import LLMEngine
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
@@ -54,6 +56,32 @@ class LLM:
         if progress:
             progress[0].stop()
         return [done[r] for r in ids]
+
+    def score(self, token_id_windows: list[list[int]]) -> list[torch.Tensor]:
+        """Full next-token log-probs through the serving path (paged cache, chunked prefill, the
+        engine's quantisation and cache dtype): per window a float32 tensor [len - 1, vocab] whose
+        row i is the distribution of token i + 1 given tokens 0..i. Every position must be
+        computed, so a prefix-cache hit is an error: score with enable_prefix_caching=False.
+        Each window costs (len - 1) x vocab x 4 bytes: pass a few at a time."""
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, ignore_eos=True)
+        reqs = []
+        for window in token_id_windows:
+            if len(window) < 2:
+                raise ValueError(f"a scored window needs at least 2 tokens, got {len(window)}")
+            req = self.engine.add_request(f"score-{self._counter}", list(window), params)
+            self._counter += 1
+            req.prompt_logprob_rows = []
+            reqs.append(req)
+        while self.engine.has_unfinished():
+            self.engine.step()
+        out = []
+        for req in reqs:
+            rows = torch.cat(req.prompt_logprob_rows) if req.prompt_logprob_rows else torch.empty(0)
+            if rows.shape[0] != req.num_prompt_tokens - 1:
+                raise ValueError(f"{req.num_prompt_tokens - 1 - rows.shape[0]} positions came from the prefix "
+                                 "cache and were not scored: use enable_prefix_caching=False")
+            out.append(rows)
+        return out
 
 
 def _progress(total: int):

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, deque
-from dataclasses import dataclass
+from collections import Counter
 
 import torch
 
 from ..cache_spec import cache_spec, chunk_multiple
-from ..models.quantize import quantize_model
+from ..models.dsa_attention import check_index_topk
+from ..models.loader import auto_cpu_dtype_choice
+from ..models.quantize import Int8Embedding, quantize, weight_bytes
 from .cache.fingerprint import weights_fingerprint
 from .cache.manager import CacheManager, plan_cache
 from .detokenizer import IncrementalDetokenizer
@@ -21,20 +22,10 @@ from .request import Request, Status
 from .runner import ModelRunner
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
+from .static_scheduler import StaticScheduler
+from .step_log import StepLog, StepRecord
 
 log = logging.getLogger("flashlane.engine")
-
-
-@dataclass
-class StepStat:
-    start: float
-    duration: float
-    num_seqs: int
-    num_tokens: int
-    prefill_tokens: int
-    decode_seqs: int
-    pages_used: int
-    slots_used: int
 
 
 def _stop_prefix_len(text: str, start: int, stops: list[str]) -> int:
@@ -46,8 +37,10 @@ def _stop_prefix_len(text: str, start: int, stops: list[str]) -> int:
     return 0
 
 
-def _embedding_name(model) -> str:
-    return next(name for name, m in model.named_modules() if isinstance(m, torch.nn.Embedding))
+def _model_dtype(model) -> torch.dtype:
+    """The model's float dtype: its token embedding's (an int8 table remembers the float one)."""
+    emb = next(m for m in model.modules() if isinstance(m, (torch.nn.Embedding, Int8Embedding)))
+    return emb.float_dtype if isinstance(emb, Int8Embedding) else emb.weight.dtype
 
 
 class LLMEngine:
@@ -57,26 +50,30 @@ class LLMEngine:
         self.args = args
         if args.num_threads:
             torch.set_num_threads(args.num_threads)
-        if isinstance(model, str):
+        loaded_here = isinstance(model, str)
+        if loaded_here:
             from ..models.registry import load_model
             model = load_model(model, dtype=args.dtype, seed=args.seed, device=args.device,
                                require_tokenizer=not args.skip_tokenizer_init)
         self.loaded = model
         self.model = model.model
-        if args.quantization:
-            quantize_model(self.model, args.quantization)
+        self.dtype = _model_dtype(self.model)
+        self.quant = quantize(self.model, args.quantization, device=args.device) if args.quantization else None
         if hasattr(self.model, "set_compile"):
             self.model.set_compile(args.compile)
         self.config = model.config
+        if args.index_topk is not None:
+            check_index_topk(self.config, args.index_topk)
+        has_indexer = bool(self.config.full_indexer_layers)
+        index_topk = (args.index_topk or self.config.index_topk) if has_indexer else None
         self.tokenizer = None if args.skip_tokenizer_init else model.tokenizer  # None: token ids only
         self.model_name = model.name
-        self.dtype = self.model.get_submodule(_embedding_name(self.model)).weight.dtype
-        spec = cache_spec(self.config, args.page_size)
+        spec = cache_spec(self.config, args.page_size, args.kv_cache_dtype)
         plan = plan_cache(spec, self.dtype, args.cache_memory, args.max_num_seqs,
                           args.num_pages, args.num_slots, args.device,
                           checkpoint_share=args.checkpoint_share if args.enable_prefix_caching else 0.0,
                           num_checkpoints=args.num_checkpoints if args.enable_prefix_caching else 0)
-        fingerprint = f"{self.model_name}|{self.config.arch}|{self._dtype_name()}"
+        fingerprint = f"{self.model_name}|{self.config.arch}|{self._dtype_name()}|index_topk={index_topk}"
         if args.disk_cache_dir:
             fingerprint += "|" + weights_fingerprint(self.model)
         try:
@@ -87,12 +84,18 @@ class LLMEngine:
         self.max_model_len = min(args.max_model_len or self.config.max_position_embeddings, plan.num_tokens)
         max_running = min(args.max_num_seqs, plan.num_slots if spec.needs_state_slot else args.max_num_seqs,
                           plan.num_pages)
-        self.scheduler = Scheduler(self.cache, max_running, args.max_num_batched_tokens,
-                                   chunk_multiple(self.config, args.page_size), args.max_wait_ms)
-        self.runner = ModelRunner(self.model, self.cache, args.seed)
+        granularity = chunk_multiple(self.config, args.page_size)
+        if args.scheduler == "static":
+            self.scheduler = StaticScheduler(self.cache, max_running, args.max_num_batched_tokens, granularity,
+                                             args.static_batch_size)
+        else:
+            self.scheduler = Scheduler(self.cache, max_running, args.max_num_batched_tokens, granularity,
+                                       args.max_wait_ms)
+        self.runner = ModelRunner(self.model, self.cache, args.seed, args.index_topk)
         self.requests: dict[str, Request] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
-        self.step_stats: deque[StepStat] = deque(maxlen=100_000)
+        self.step_stats = StepLog(args.step_log_size)
+        self._num_steps = 0
         self.counters: Counter = Counter()
         self.finish_reasons: Counter = Counter()
         self.startup = {
@@ -102,12 +105,21 @@ class LLMEngine:
             "bytes_per_slot": plan.bytes_per_slot, "cache_bytes": self.cache.tensors.nbytes(),
             "latent_bytes_per_token": spec.latent_bytes_per_token(self._dtype_name()),
             "index_bytes_per_token": spec.index_bytes_per_token(self._dtype_name()),
+            "kv_cache_dtype": spec.kv_dtype_name(self._dtype_name()),
+            "pool_bytes_per_token": spec.page_bytes_per_token(self._dtype_name()),
+            "index_topk": index_topk, "config_index_topk": self.config.index_topk if has_indexer else None,
             "max_running": max_running, "max_model_len": self.max_model_len,
             "prefix_caching": args.enable_prefix_caching, "num_checkpoints": plan.num_checkpoints,
             "bytes_per_checkpoint": plan.bytes_per_slot if plan.num_checkpoints else 0,
             "host_cache_bytes": args.host_cache_memory if args.enable_prefix_caching else 0,
             "disk_cache_dir": args.disk_cache_dir, "disk_cache_bytes": args.disk_cache_bytes,
+            "scheduler": args.scheduler,
+            "static_batch_size": args.static_batch_size if args.scheduler == "static" else None,
+            "weight_bytes": weight_bytes(self.model), "quantization": self._quant_report(),
+            "dtype_reason": (auto_cpu_dtype_choice().why if args.dtype == "auto" and loaded_here
+                             and torch.device(args.device).type == "cpu" else None),
         }
+        log.info(self.describe_weights())
         log.info(self.describe_cache())
         if args.compile:
             self._warm_up()
@@ -121,6 +133,7 @@ class LLMEngine:
         while self.has_unfinished():
             self.step()
         self.step_stats.clear()
+        self._num_steps = 0
         self.counters.clear()
         self.finish_reasons.clear()
         self.scheduler.num_preemptions = 0
@@ -131,14 +144,34 @@ class LLMEngine:
         """Release what outlives requests: the cache tiers write back to disk and stop loading."""
         self.cache.close()
 
+    def _quant_report(self) -> dict | None:
+        q = self.quant
+        if q is None:
+            return None
+        return {"method": q.method, "linears": q.linears, "experts": q.experts, "expert_layers": q.expert_layers,
+                "head": q.head, "embeddings": q.embeddings, "bytes_before": q.bytes_before, "bytes_after": q.bytes_after,
+                "kernels": q.plan.by_class(), "why": q.plan.why}
+
+    def describe_weights(self) -> str:
+        """One line for the startup log: the weights' dtype (and why, for "auto"), their bytes as
+        held, and what was quantised with which kernels."""
+        s = self.startup
+        line = f"weights {s['weight_bytes'] / 2**20:.1f} MiB {s['dtype']}"
+        if s["dtype_reason"]:
+            line += f" (dtype auto: {s['dtype_reason']})"
+        return line + "; " + ("no quantization" if self.quant is None else self.quant.describe())
+
     def describe_cache(self) -> str:
         """One line for the startup log: what the pre-allocated pools hold and allow."""
         s = self.startup
-        return (f"cache {s['cache_bytes'] / 2**20:.1f} MiB {s['dtype']}: {s['num_pages']} pages x {s['page_size']} "
-                f"= {s['num_tokens']} tokens ({s['latent_bytes_per_token']} B/token latent + "
-                f"{s['index_bytes_per_token']:g} B/token index keys), {s['num_state_slots']} state slots "
+        pools = " + ".join(f"{name} {b:g}" for name, b in s["pool_bytes_per_token"].items())
+        topk = "" if s["index_topk"] is None else (
+            f"index_topk={s['index_topk']} (config {s['config_index_topk']}); ")
+        return (f"cache {s['cache_bytes'] / 2**20:.1f} MiB, model {s['dtype']}, kv {s['kv_cache_dtype']}: "
+                f"{s['num_pages']} pages x {s['page_size']} = {s['num_tokens']} tokens ({pools} = "
+                f"{sum(s['pool_bytes_per_token'].values()):g} B/token), {s['num_state_slots']} state slots "
                 f"x {s['bytes_per_slot']} B; max_running={s['max_running']}, max_model_len={s['max_model_len']}; "
-                + self._describe_prefix_cache())
+                + topk + self._describe_prefix_cache())
 
     def _describe_prefix_cache(self) -> str:
         s = self.startup
@@ -213,25 +246,29 @@ class LLMEngine:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.scheduler.waiting)
+        return self.scheduler.num_waiting
 
     # ---- one step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        sched = self.scheduler.schedule()
+        wall_start, start = time.time(), time.monotonic()
+        sched = self.scheduler.schedule(start)
         if sched.empty:
             if sched.wake_at is not None:
                 time.sleep(max(0.0, min(sched.wake_at - time.monotonic(), 0.05)))
             return []
-        start = time.monotonic()
+        model_start = time.monotonic()
         results = self.runner.run(sched)
         now = time.monotonic()
+        model_s = now - model_start
         outputs = []
-        prefill_tokens = 0
+        prefill_tokens = decode_seqs = 0
         for s, res in zip(sched.seqs, results):
             req = s.req
             prefill = s.num_new > 1 or not req.output_token_ids
             if prefill:
                 prefill_tokens += s.num_new
+            else:
+                decode_seqs += 1
             before = req.num_computed_tokens
             req.num_computed_tokens += s.num_new
             self.cache.commit(req, before, prefill)
@@ -240,12 +277,21 @@ class LLMEngine:
             if res.token is None:
                 continue
             outputs.append(self._append_token(req, res.token, res.logprobs, now))
-        usage = self.cache.usage()
-        self.step_stats.append(StepStat(start, now - start, len(sched.seqs), sched.num_tokens, prefill_tokens,
-                                        len(sched.seqs) - sum(1 for s in sched.seqs if s.num_new > 1),
-                                        usage["pages_used"], usage["slots_used"]))
+        self._record_step(sched, wall_start, start, model_s, prefill_tokens, decode_seqs)
         self.counters["prompt_tokens"] += prefill_tokens
         return outputs
+
+    def _record_step(self, sched, wall_start: float, start: float, model_s: float, prefill_tokens: int,
+                     decode_seqs: int) -> None:
+        usage = self.cache.usage()
+        self._num_steps += 1
+        self.step_stats.append(StepRecord(
+            step=self._num_steps, start=wall_start, end=wall_start + (time.monotonic() - start),
+            start_monotonic=start, model_s=model_s, num_seqs=len(sched.seqs), num_tokens=sched.num_tokens,
+            prefill_tokens=prefill_tokens, decode_tokens=sched.num_tokens - prefill_tokens,
+            decode_seqs=decode_seqs, num_running=self.num_running, num_waiting=self.num_waiting,
+            num_preempted=len(sched.preempted), pages_used=usage["pages_used"], slots_used=usage["slots_used"],
+            request_ids=tuple(s.req.request_id for s in sched.seqs)))
 
     def _append_token(self, req: Request, token: int, logprobs, now: float) -> RequestOutput:
         req.output_token_ids.append(token)

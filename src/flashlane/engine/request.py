@@ -65,6 +65,8 @@ class Request:
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.prompt_logprobs: list[dict[int, float] | None] | None = (
             [None] if params.prompt_logprobs is not None else None)
+        # LLM.score: the full fp32 log-prob rows of the prompt positions, chunk by chunk
+        self.prompt_logprob_rows: list[torch.Tensor] | None = None
         self.stop_token_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             self.stop_token_ids.update(eos_token_ids)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels.profiling import profiling_range
 from ..kernels.sampling import sample, topk_logprobs
 from ..models.forward_batch import ForwardBatch
 from .cache.manager import CacheManager
@@ -20,7 +21,8 @@ class SeqResult:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, cache: CacheManager, seed: int = 0):
+    def __init__(self, model: torch.nn.Module, cache: CacheManager, seed: int = 0, index_topk: int | None = None):
+        self.index_topk = index_topk      # the engine's sparse-attention override (None: the config's)
         self.model = model
         self.cache = cache
         self.generator = torch.Generator().manual_seed(seed)
@@ -35,12 +37,14 @@ class ModelRunner:
             starts.append(c)
             tables.append(s.req.pages)
             slots.append(s.req.slot)
-        batch = ForwardBatch.build(new_tokens, starts, tables, slots, self.cache.tensors)
+        batch = ForwardBatch.build(new_tokens, starts, tables, slots, self.cache.tensors, self.index_topk)
         hidden = self.model(batch)
+        with profiling_range("sampling"):
+            return self._sample(seqs, starts, batch.cu_q.tolist(), hidden)
 
+    def _sample(self, seqs, starts: list[int], cu: list[int], hidden: torch.Tensor) -> list[SeqResult]:
         # rows whose logits we need: the last token of sampling sequences, and prompt positions
         # of requests that asked for prompt logprobs
-        cu = batch.cu_q.tolist()
         rows: list[int] = []
         sample_row: dict[int, int] = {}
         prompt_rows: dict[int, tuple[int, list[int]]] = {}
@@ -68,6 +72,8 @@ class ModelRunner:
             targets = torch.tensor([req.prompt_token_ids[p + 1] for p in positions])
             results[b].prompt_logprobs = topk_logprobs(
                 logprobs[at: at + len(positions)], targets, req.params.prompt_logprobs)
+            if req.prompt_logprob_rows is not None:
+                req.prompt_logprob_rows.append(logprobs[at: at + len(positions)].clone())
 
         if sample_row:
             bs = list(sample_row)

@@ -11,7 +11,8 @@ Length-aware packing: a long prompt never blocks a step — it is cut into chunk
 lcm(page_size, kpool, 64)) that share the step with everybody's decode tokens, so a batch never
 waits for its longest member (the fixed-batch imbalance). The dynamic batching window
 (``max_wait_ms``) holds prefill admission briefly while the waiting prompts do not yet fill the
-budget, trading a little TTFT for fuller prefill batches.
+budget, trading a little TTFT for fuller prefill batches. Static batching, the naive baseline,
+is ``StaticScheduler`` (static_scheduler.py): this scheduler restricted to one batch at a time.
 """
 
 from __future__ import annotations
@@ -81,6 +82,11 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests not running: queued for admission (or preempted)."""
+        return len(self.waiting)
 
     # ---- one step ---------------------------------------------------------------------------
     def _chunk(self, req: Request, start: int, budget: int) -> int:

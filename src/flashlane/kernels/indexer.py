@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .kv_store import gather_rows, write_rows
 from .paged import pooled_rows
 
 # Max fp32 elements of one [queries, heads, pools] score block; bounds prefill memory.
@@ -39,13 +40,15 @@ def write_index_keys(index_keys: torch.Tensor, keys: torch.Tensor, *, slot_mappi
                      positions: torch.Tensor | None = None, seq_of_token: torch.Tensor | None = None,
                      start_of_seq: torch.Tensor | None = None, ctx_of_seq: torch.Tensor | None = None,
                      block_tables: torch.Tensor | None = None,
-                     state_slots: torch.Tensor | None = None) -> None:
+                     state_slots: torch.Tensor | None = None,
+                     key_scale: torch.Tensor | None = None) -> None:
     """Store the new tokens' index keys ([N, D], in flat-batch order, positions ascending per
-    sequence). ``kpool == 1``: one key per token at ``slot_mapping``. ``kpool > 1``: every pool
-    whose last token is new is compressed (older members come from the tail ring) and written
-    once; tokens of each sequence's still-incomplete pool go to the tail ring."""
+    sequence; int8 ``index_keys`` come with ``key_scale``, see ``kv_store``). ``kpool == 1``:
+    one key per token at ``slot_mapping``. ``kpool > 1``: every pool whose last token is new is
+    compressed (older members come from the tail ring) and written once; tokens of each
+    sequence's still-incomplete pool go to the tail ring (kept unquantised)."""
     if kpool == 1:
-        index_keys[slot_mapping] = keys.to(index_keys.dtype)
+        write_rows(index_keys, key_scale, slot_mapping, keys)
         return
     if gates is None or ape is None or tail is None:
         raise ValueError("pooled index keys (kpool > 1) need gates, ape and the tail ring")
@@ -66,7 +69,7 @@ def write_index_keys(index_keys: torch.Tensor, keys: torch.Tensor, *, slot_mappi
         pool = torch.where(from_new[..., None], packed[new_src], tail[slot[idx, None], member])  # [M, P, 2D]
         pooled = pool_keys(pool[..., :d], pool[..., d:], ape)
         rows = pooled_rows(block_tables, seq[idx], positions[idx] // kpool, page_size, kpool)
-        index_keys[rows] = pooled.to(index_keys.dtype)
+        write_rows(index_keys, key_scale, rows, pooled)
 
     open_from = ctx_of_seq[seq] // kpool * kpool
     pending = positions >= open_from
@@ -115,7 +118,8 @@ def _select_group(q, w, keys, visible_pools, query_pos, *, topk, kpool, select_t
 def select_positions(q: torch.Tensor, w: torch.Tensor, index_keys: torch.Tensor, *,
                      positions: torch.Tensor, q_lens: list[int], ctx_lens: list[int],
                      block_tables: torch.Tensor, page_size: int, topk: int, kpool: int = 1,
-                     always_select_tail: bool = False, scale: float | None = None) -> torch.Tensor:
+                     always_select_tail: bool = False, scale: float | None = None,
+                     key_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Positions each query attends: q [N, H, D], w [N, H] (head weights, already scaled),
     keys of every complete pool already in ``index_keys`` -> [N, width] int64, -1 = empty.
 
@@ -134,7 +138,8 @@ def select_positions(q: torch.Tensor, w: torch.Tensor, index_keys: torch.Tensor,
     def gather_keys(seq_ids: list[int], m: int) -> torch.Tensor:
         sid = torch.tensor(seq_ids, dtype=torch.long, device=dev)
         pools = torch.arange(m, device=dev).expand(len(seq_ids), m)
-        return index_keys[pooled_rows(block_tables, sid, pools, page_size, kpool)]
+        rows = pooled_rows(block_tables, sid, pools, page_size, kpool)
+        return gather_rows(index_keys, key_scale, rows, torch.float32)      # scored in fp32
 
     starts, at = [], 0
     for ql in q_lens:

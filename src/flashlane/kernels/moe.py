@@ -3,13 +3,16 @@
 Router (spec §1.9): choose experts by ``sigmoid(logits) + bias`` (bias only steers the choice),
 weight them by the unbiased sigmoid scores, optionally renormalised, times the routed scaling.
 Dispatch: token-expert pairs are sorted by expert and every active expert runs one matmul pair
-over all its tokens.
+over all its tokens; int8 experts (``grouped_experts_int8``) take the same path with an int8
+matmul per active expert.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from .quant_matmul import int8_linear
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None = None) -> torch.Tensor:
@@ -49,19 +52,42 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                     swiglu_limit: float | None = None) -> torch.Tensor:
     """Weighted sum of the chosen experts: x [N, H], weights/ids [N, k], gate_up [E, 2I, H]
     (gate rows first), down [E, H, I] -> [N, H] in x's dtype."""
+    def expert(e: int, xs: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(xs, gate_up[e]).chunk(2, dim=-1)
+        return F.linear(swiglu(gate, up, swiglu_limit), down[e])
+    return _dispatch(x, weights, ids, gate_up.shape[0], expert)
+
+
+def grouped_experts_int8(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                         gate_up_q: torch.Tensor, gate_up_scale: torch.Tensor,
+                         down_q: torch.Tensor, down_scale: torch.Tensor,
+                         swiglu_limit: float | None = None, linear=None) -> torch.Tensor:
+    """``grouped_experts`` on int8 experts: gate_up_q [E, 2I, H] / down_q [E, H, I] int8 with
+    per-expert, per-row fp32 scales [E, 2I] / [E, H]; ``linear(x, q, scale)`` is the int8 matmul
+    run for each active expert (default: the weight-only packed kernel)."""
+    linear = linear or int8_linear
+
+    def expert(e: int, xs: torch.Tensor) -> torch.Tensor:
+        gate, up = linear(xs, gate_up_q[e], gate_up_scale[e]).chunk(2, dim=-1)
+        return linear(swiglu(gate, up, swiglu_limit), down_q[e], down_scale[e])
+    return _dispatch(x, weights, ids, gate_up_q.shape[0], expert)
+
+
+def _dispatch(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, num_experts: int, expert) -> torch.Tensor:
+    """Sort token-expert pairs by expert, run ``expert(e, rows)`` once per active expert, and
+    sum the weighted results back per token."""
     n, k = ids.shape
     flat = ids.reshape(-1)
     order = torch.argsort(flat, stable=True)
     token = order // k
-    counts = torch.bincount(flat, minlength=gate_up.shape[0]).tolist()
+    counts = torch.bincount(flat, minlength=num_experts).tolist()
     xs = x[token]
     ys = x.new_empty(n * k, x.shape[1])
     at = 0
     for e, c in enumerate(counts):
         if c == 0:
             continue
-        gate, up = F.linear(xs[at:at + c], gate_up[e]).chunk(2, dim=-1)
-        ys[at:at + c] = F.linear(swiglu(gate, up, swiglu_limit), down[e])
+        ys[at:at + c] = expert(e, xs[at:at + c])
         at += c
     weighted = (ys * weights.reshape(-1)[order, None]).to(x.dtype)
     return torch.zeros_like(x).index_add_(0, token, weighted)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from .kv_store import gather_rows
 from .paged import paged_rows
 
 # Max elements of one gathered [queries, selected, latent] block.
@@ -19,9 +20,11 @@ _GATHER_BLOCK = 1 << 24
 
 def sparse_mla_attention(q_latent: torch.Tensor, q_rope: torch.Tensor | None, latent: torch.Tensor,
                          selection: torch.Tensor, *, block_tables: torch.Tensor,
-                         seq_of_token: torch.Tensor, page_size: int, scale: float) -> torch.Tensor:
-    """q_latent [N, H, C] (absorbed query), q_rope [N, H, R] or None, latent [rows, C + R],
-    selection [N, K] -> [N, H, C]. A query with nothing selected gets zeros."""
+                         seq_of_token: torch.Tensor, page_size: int, scale: float,
+                         latent_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """q_latent [N, H, C] (absorbed query), q_rope [N, H, R] or None, latent [rows, C + R]
+    (int8 with ``latent_scale`` [rows, G], see ``kv_store``), selection [N, K] -> [N, H, C].
+    A query with nothing selected gets zeros."""
     n, h, c = q_latent.shape
     k = selection.shape[1]
     q = q_latent if q_rope is None or q_rope.shape[-1] == 0 else torch.cat([q_latent, q_rope], dim=-1)
@@ -31,7 +34,8 @@ def sparse_mla_attention(q_latent: torch.Tensor, q_rope: torch.Tensor | None, la
     block = max(1, _GATHER_BLOCK // max(1, k * latent.shape[-1]))
     for a in range(0, n, block):
         sel = selection[a:a + block]
-        kv = latent[paged_rows(block_tables, seq_of_token[a:a + block], sel, page_size)].to(q.dtype)
+        rows = paged_rows(block_tables, seq_of_token[a:a + block], sel, page_size)
+        kv = gather_rows(latent, latent_scale, rows, q.dtype)
         scores = torch.matmul(q[a:a + block], kv.transpose(1, 2)) * scale           # [n, H, K]
         scores = scores.float().masked_fill((sel < 0)[:, None, :], float("-inf"))
         prob = torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0).to(q.dtype)

@@ -14,6 +14,8 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..kernels.indexer import select_positions, write_index_keys
+from ..kernels.kv_store import write_rows
+from ..kernels.profiling import profiling_range
 from ..kernels.rope import RopeCache, apply_rope
 from ..kernels.sparse_mla import sparse_mla_attention
 from .forward_batch import ForwardBatch
@@ -58,11 +60,13 @@ class Indexer(KeepFp32):
         n = x.shape[0]
         cache, spec = batch.cache, batch.cache.spec
         row = spec.index_row_of[self.layer_id]
+        key_scale = None if cache.index_keys_scale is None else cache.index_keys_scale[row]
         q = _rope_front(self.wq_b(cq).view(n, self.n_heads, self.head_dim), self.rope_dim, cos_sin)
         k = _rope_front(self.k_norm(self.wk(x)), self.rope_dim, cos_sin)
         w = self.weights_proj(x.to(self.weights_proj.weight.dtype)).float() * self.n_heads ** -0.5
         if self.kpool == 1:
-            write_index_keys(cache.index_keys[row], k, slot_mapping=batch.slot_mapping, page_size=spec.page_size)
+            write_index_keys(cache.index_keys[row], k, slot_mapping=batch.slot_mapping, page_size=spec.page_size,
+                             key_scale=key_scale)
         else:
             q_lens = batch.cu_q[1:] - batch.cu_q[:-1]
             write_index_keys(
@@ -70,11 +74,13 @@ class Indexer(KeepFp32):
                 kpool=self.kpool, gates=F.linear(x, self.index_kpool_compress_gate),
                 ape=self.index_kpool_compress_ape, tail=cache.index_tail[row], positions=batch.positions,
                 seq_of_token=batch.seq_of_token, start_of_seq=batch.ctx_lens_t - q_lens,
-                ctx_of_seq=batch.ctx_lens_t, block_tables=batch.block_tables, state_slots=batch.state_slots)
+                ctx_of_seq=batch.ctx_lens_t, block_tables=batch.block_tables, state_slots=batch.state_slots,
+                key_scale=key_scale)
         return select_positions(
             q, w, cache.index_keys[row], positions=batch.positions, q_lens=batch.q_lens,
             ctx_lens=batch.ctx_lens, block_tables=batch.block_tables, page_size=spec.page_size,
-            topk=self.topk, kpool=self.kpool, always_select_tail=self.always_select_tail)
+            topk=batch.index_topk or self.topk, kpool=self.kpool, always_select_tail=self.always_select_tail,
+            key_scale=key_scale)
 
 
 class DSAAttention(nn.Module):
@@ -118,11 +124,14 @@ class DSAAttention(nn.Module):
         if cos_sin is not None:
             q_rope, k_rope = apply_rope(q_rope, *cos_sin), apply_rope(k_rope, *cos_sin)
 
-        latent = batch.cache.latent[spec.latent_row(self.layer_id)]
-        latent[batch.slot_mapping] = torch.cat([ckv, k_rope], dim=-1).to(latent.dtype)
+        cache, row = batch.cache, spec.latent_row(self.layer_id)
+        latent = cache.latent[row]
+        latent_scale = None if cache.latent_scale is None else cache.latent_scale[row]
+        write_rows(latent, latent_scale, batch.slot_mapping, torch.cat([ckv, k_rope], dim=-1))
 
         if self.indexer is not None:
-            selection = self.indexer(x, cq, batch, cos_sin)
+            with profiling_range("indexer"):
+                selection = self.indexer(x, cq, batch, cos_sin)
         elif shared_selection is None:
             raise ValueError(f"layer {self.layer_id}: a shared-indexer DSA layer needs shared_selection "
                              "from the previous full layer")
@@ -134,6 +143,19 @@ class DSAAttention(nn.Module):
         o_latent = sparse_mla_attention(
             q_latent, q_rope if self.rope_dim else None, latent, selection,
             block_tables=batch.block_tables, seq_of_token=batch.seq_of_token,
-            page_size=spec.page_size, scale=self.scale)
+            page_size=spec.page_size, scale=self.scale, latent_scale=latent_scale)
         o = torch.einsum("nhc,hvc->nhv", o_latent, w_kv[:, self.nope:]).reshape(n, self.num_heads * self.v_dim)
         return self.o_proj(o), selection
+
+
+def check_index_topk(cfg: ModelConfig, topk: int) -> None:
+    """Validate an inference-time override of the selection size (``ForwardBatch.index_topk``;
+    the weights do not depend on it). Raises ValueError naming ``index_topk``."""
+    if not cfg.full_indexer_layers:
+        raise ValueError(f"index_topk is set, but this {cfg.arch} model has no sparse-attention indexer "
+                         "(only glm_moe_dsa / glm5_next DSA layers select tokens)")
+    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+        raise ValueError(f"index_topk must be an integer >= 1, got {topk!r}")
+    kpool = max(cfg.index_kpool, 1)
+    if topk % kpool:
+        raise ValueError(f"index_topk ({topk}) must be a multiple of the model's index_kpool ({kpool})")

@@ -27,6 +27,8 @@ class CacheTensors:
       index_tail  [index rows, state rows, kpool, 2 * index_dim]  (kI | gI)
       conv        [kda rows, state rows, conv_dim, conv_width]
       recurrent   [kda rows, state rows, H, Dk, Dv], float32
+    With an int8 KV cache, ``latent`` and ``index_keys`` are int8 and ``latent_scale`` /
+    ``index_keys_scale`` hold their fp32 scales ([rows, entries, groups]); otherwise those are None.
     """
 
     spec: CacheSpec
@@ -39,6 +41,8 @@ class CacheTensors:
 
     latent = property(lambda self: self._get("latent"))
     index_keys = property(lambda self: self._get("index_keys"))
+    latent_scale = property(lambda self: self._get("latent_scale"))
+    index_keys_scale = property(lambda self: self._get("index_keys_scale"))
     index_tail = property(lambda self: self._get("index_tail"))
     conv = property(lambda self: self._get("conv"))
     recurrent = property(lambda self: self._get("recurrent"))
@@ -64,6 +68,7 @@ class ForwardBatch:
     state_slots: torch.Tensor      # [B] int64 (0 when the model keeps no per-sequence state)
     seq_of_token: torch.Tensor     # [N] int64, which sequence each token belongs to
     cache: CacheTensors
+    index_topk: int | None = None  # DSA selection size overriding the config's (engine ``index_topk``)
 
     @property
     def num_seqs(self) -> int:
@@ -79,7 +84,7 @@ class ForwardBatch:
 
     @classmethod
     def build(cls, new_tokens: list[list[int]], start_lens: list[int], block_tables: list[list[int]],
-              state_slots: list[int], cache: CacheTensors) -> "ForwardBatch":
+              state_slots: list[int], cache: CacheTensors, index_topk: int | None = None) -> "ForwardBatch":
         """Assemble the metadata for sequences whose first ``start_lens[b]`` tokens are cached."""
         page = cache.spec.page_size
         q_lens = [len(t) for t in new_tokens]
@@ -105,5 +110,5 @@ class ForwardBatch:
         return cls(
             input_ids=t(ids), positions=t(pos), q_lens=q_lens, ctx_lens=ctx, cu_q=cu.to(dev),
             ctx_lens_t=t(ctx), block_tables=tables.to(dev), slot_mapping=t(slots),
-            state_slots=t(state_slots), seq_of_token=t(owner), cache=cache,
+            state_slots=t(state_slots), seq_of_token=t(owner), cache=cache, index_topk=index_topk,
         )

@@ -17,6 +17,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..kernels.compiled import compiled
 from ..kernels.mhc import hc_post, hc_pre
+from ..kernels.profiling import profiling_range
 from .dsa_attention import DSAAttention
 from .forward_batch import ForwardBatch
 from .kda_attention import KDAAttention
@@ -62,15 +63,24 @@ class Glm5NextDecoderLayer(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """streams [N, n, H]; ``selection`` is the previous full DSA layer's choice (or None).
         Returns the new streams and this layer's selection (None for KDA layers)."""
-        u, post, comb = self.attn_hc(streams)
-        h = self.input_layernorm(u)
+        with profiling_range("mhc"):
+            u, post, comb = self.attn_hc(streams)
+        with profiling_range("norm"):
+            h = self.input_layernorm(u)
         if self.mixer == "kda":
-            y, selection = self.self_attn(h, batch), None
+            with profiling_range("kda"):
+                y, selection = self.self_attn(h, batch), None
         else:
-            y, selection = self.self_attn(h, batch, selection)
-        streams = self.post_fn(y, streams, post, comb)
-        u, post, comb = self.ffn_hc(streams)
-        streams = self.post_fn(self.mlp(self.post_attention_layernorm(u)), streams, post, comb)
+            with profiling_range("dsa_attention"):
+                y, selection = self.self_attn(h, batch, selection)
+        with profiling_range("mhc"):
+            streams = self.post_fn(y, streams, post, comb)
+            u, post, comb = self.ffn_hc(streams)
+        with profiling_range("norm"):
+            h = self.post_attention_layernorm(u)
+        y = self.mlp(h)   # the MLP / MoE opens its own ranges
+        with profiling_range("mhc"):
+            streams = self.post_fn(y, streams, post, comb)
         return streams, selection
 
 
@@ -106,12 +116,16 @@ class Glm5NextTextModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        e = self.embed_tokens(batch.input_ids)
+        with profiling_range("embedding"):
+            e = self.embed_tokens(batch.input_ids)
         streams = e.unsqueeze(1).expand(-1, self.hc_mult, -1).contiguous()
         selection = None
         for layer in self.layers[: self.num_trunk_layers]:
             streams, selection = layer(streams, batch, selection)
-        return self.norm(streams.mean(1))
+        with profiling_range("mhc"):
+            h = streams.mean(1)
+        with profiling_range("norm"):
+            return self.norm(h)
 
 
 class Glm5NextModel(nn.Module):
@@ -152,10 +166,12 @@ class Glm5NextForCausalLM(nn.Module):
         return cfg.num_mtp_layers > 0 and any(n.startswith(prefixes) for n in names)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        return self.model.language_model(batch)
+        with profiling_range("model_forward"):
+            return self.model.language_model(batch)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        with profiling_range("lm_head"):
+            return self.lm_head(hidden)
 
     def post_load(self) -> None:
         """Nothing derived: the absorbed MLA projections are views of ``kv_b_proj``."""

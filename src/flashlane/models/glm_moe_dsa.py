@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
+from ..kernels.profiling import profiling_range
 from ..kernels.rope import RopeCache
 from .dsa_attention import DSAAttention
 from .forward_batch import ForwardBatch
@@ -27,10 +28,14 @@ class DecoderLayer(nn.Module):
         self.mlp = ffn if ffn is not None else dense_or_moe(cfg, layer_id)
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch, selection: torch.Tensor | None):
-        attn, selection = self.self_attn(self.input_layernorm(h), batch, selection)
-        h = h + attn
-        h = h + self.mlp(self.post_attention_layernorm(h))
-        return h, selection
+        with profiling_range("norm"):
+            x = self.input_layernorm(h)
+        with profiling_range("dsa_attention"):
+            attn, selection = self.self_attn(x, batch, selection)
+            h = h + attn
+        with profiling_range("norm"):
+            x = self.post_attention_layernorm(h)
+        return h + self.mlp(x), selection   # the MLP / MoE opens its own ranges
 
 
 class MTPLayer(DecoderLayer):
@@ -60,11 +65,13 @@ class GlmMoeDsaModel(nn.Module):
         self.num_trunk_layers = cfg.num_layers
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        h = self.embed_tokens(batch.input_ids)
+        with profiling_range("embedding"):
+            h = self.embed_tokens(batch.input_ids)
         selection = None
         for layer in self.layers[: self.num_trunk_layers]:
             h, selection = layer(h, batch, selection)
-        return self.norm(h)
+        with profiling_range("norm"):
+            return self.norm(h)
 
 
 class GlmMoeDsaForCausalLM(nn.Module):
@@ -96,10 +103,12 @@ class GlmMoeDsaForCausalLM(nn.Module):
         return cfg.num_mtp_layers > 0 and any(n.startswith(prefix) for n in names)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        return self.model(batch)
+        with profiling_range("model_forward"):
+            return self.model(batch)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        with profiling_range("lm_head"):
+            return self.lm_head(hidden)
 
     def post_load(self) -> None:
         """Nothing derived: the absorbed MLA projections are views of ``kv_b_proj``."""

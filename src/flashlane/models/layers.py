@@ -10,6 +10,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..kernels.moe import grouped_experts, route, swiglu
+from ..kernels.profiling import profiling_range
 
 
 class KeepFp32(nn.Module):
@@ -58,6 +59,8 @@ class RMSNorm(nn.Module):
 class MLP(nn.Module):
     """SwiGLU MLP; ``swiglu_limit`` switches on the clamped variant (glm5_next)."""
 
+    range_name = "mlp"   # profiler range; an MoE's shared experts say "moe_shared"
+
     def __init__(self, hidden: int, intermediate: int, swiglu_limit: float | None = None):
         super().__init__()
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
@@ -66,7 +69,8 @@ class MLP(nn.Module):
         self.swiglu_limit = swiglu_limit
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x), self.swiglu_limit))
+        with profiling_range(self.range_name):
+            return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x), self.swiglu_limit))
 
 
 class Router(KeepFp32):
@@ -113,10 +117,14 @@ class MoE(nn.Module):
             MLP(cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts, cfg.swiglu_limit)
             if cfg.n_shared_experts > 0 else None
         )
+        if self.shared_experts is not None:
+            self.shared_experts.range_name = "moe_shared"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = self.gate(x)
-        out = self.experts(x, weights, ids)
+        with profiling_range("moe_router"):
+            weights, ids = self.gate(x)
+        with profiling_range("moe_experts"):
+            out = self.experts(x, weights, ids)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
         return out

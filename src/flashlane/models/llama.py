@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
+from ..kernels.kv_store import gather_rows, write_rows
+from ..kernels.profiling import profiling_range
 from .forward_batch import ForwardBatch
 from .layers import MLP, RMSNorm
 
@@ -119,12 +121,15 @@ class LlamaAttention(nn.Module):
         q = apply_rope(self.q_proj(x).view(n, self.num_heads, d), cos, sin)
         k = apply_rope(self.k_proj(x).view(n, self.num_kv, d), cos, sin)
         v = self.v_proj(x).view(n, self.num_kv, d)
-        pool = batch.cache.latent[batch.cache.spec.latent_row(self.layer_id)]
-        pool[batch.slot_mapping] = torch.cat((k.reshape(n, -1), v.reshape(n, -1)), -1).to(pool.dtype)
+        cache = batch.cache
+        row = cache.spec.latent_row(self.layer_id)
+        pool = cache.latent[row]
+        scale = None if cache.latent_scale is None else cache.latent_scale[row]
+        write_rows(pool, scale, batch.slot_mapping, torch.cat((k.reshape(n, -1), v.reshape(n, -1)), -1))
         out = torch.empty_like(q)
         for g in plan.groups:
             bsz, qlen = g.tokens.shape
-            kv = pool[g.rows].to(q.dtype).view(bsz, g.rows.shape[1], 2, self.num_kv, d)
+            kv = gather_rows(pool, scale, g.rows, q.dtype).view(bsz, g.rows.shape[1], 2, self.num_kv, d)
             qg = q[g.tokens].transpose(1, 2)                     # [B, Hq, Q, D]
             kg = kv[:, :, 0].transpose(1, 2)                     # [B, Hkv, T, D]
             vg = kv[:, :, 1].transpose(1, 2)
@@ -145,8 +150,13 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
     def forward(self, h, cos, sin, batch, plan):
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, batch, plan)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        with profiling_range("norm"):
+            x = self.input_layernorm(h)
+        with profiling_range("attention"):
+            h = h + self.self_attn(x, cos, sin, batch, plan)
+        with profiling_range("norm"):
+            x = self.post_attention_layernorm(h)
+        return h + self.mlp(x)   # the MLP opens its own range
 
 
 class LlamaModel(nn.Module):
@@ -158,14 +168,17 @@ class LlamaModel(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        h = self.embed_tokens(batch.input_ids)
-        freqs = batch.positions[:, None].float() * self.inv_freq.float()[None, :]
-        emb = torch.cat((freqs, freqs), -1)
-        cos, sin = emb.cos().to(h.dtype), emb.sin().to(h.dtype)
-        plan = AttentionPlan(batch)
+        with profiling_range("embedding"):
+            h = self.embed_tokens(batch.input_ids)
+        with profiling_range("attention"):   # RoPE tables and gather plan, shared by all layers
+            freqs = batch.positions[:, None].float() * self.inv_freq.float()[None, :]
+            emb = torch.cat((freqs, freqs), -1)
+            cos, sin = emb.cos().to(h.dtype), emb.sin().to(h.dtype)
+            plan = AttentionPlan(batch)
         for layer in self.layers:
             h = layer(h, cos, sin, batch, plan)
-        return self.norm(h)
+        with profiling_range("norm"):
+            return self.norm(h)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -185,10 +198,12 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        return self.model(batch)
+        with profiling_range("model_forward"):
+            return self.model(batch)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        with profiling_range("lm_head"):
+            return self.lm_head(hidden)
 
     def post_load(self) -> None:
         if self.config.tie_word_embeddings:

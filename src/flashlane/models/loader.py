@@ -6,8 +6,10 @@ published layout (spec §3); ``weights.to_flashlane`` folds the latter. Every mi
 unexpected or wrongly shaped tensor, missing shard and malformed index is a ``LoadError``
 naming the tensor or file.
 
-dtype "auto": float32 on CPU (CPU bf16 matmuls are slow on most hosts and fp32 is what the
-tests compare); elsewhere the checkpoint's ``dtype`` / ``torch_dtype``, else bfloat16.
+dtype "auto": on CPU bfloat16 only where the CPU has native bf16 (AVX512_BF16 / AMX) and a
+short timing at first use says it is faster, else float32 (``kernels.cpu_caps``; the environment
+variable ``FLASHLANE_AUTO_DTYPE=float32|bfloat16`` pins it, as the tests do); elsewhere the
+checkpoint's ``dtype`` / ``torch_dtype``, else bfloat16.
 A few small tensors that the reference keeps in fp32 stay fp32 whatever the model dtype
 (``FP32_PARAMS``; a model class may override with a ``keep_fp32_params`` attribute).
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import zlib
 from collections.abc import Iterable, Mapping
@@ -25,11 +28,13 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
+from ..kernels.cpu_caps import DtypeChoice, auto_cpu_dtype
 from .weights import WeightNameError, to_flashlane
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 FP32_PARAMS = ("e_score_correction_bias", "A_log", "dt_bias", "attn_hc.", "ffn_hc.", "index_kpool_compress_ape")
+AUTO_DTYPE_ENV = "FLASHLANE_AUTO_DTYPE"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
@@ -50,11 +55,21 @@ def resolve_dtype(dtype: str | torch.dtype, cfg: ModelConfig | None = None,
             raise LoadError(f"dtype {dtype!r} is not supported (choose auto, {', '.join(DTYPES)})")
         return DTYPES[dtype]
     if torch.device(device).type == "cpu":
-        return torch.float32
+        return DTYPES[auto_cpu_dtype_choice().dtype]
     raw = cfg.raw if cfg is not None else {}
     text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
     declared = raw.get("dtype") or raw.get("torch_dtype") or text.get("dtype") or text.get("torch_dtype")
     return DTYPES.get(str(declared).replace("torch.", ""), torch.bfloat16)
+
+
+def auto_cpu_dtype_choice() -> DtypeChoice:
+    """What dtype "auto" means on this CPU, and why (for the start-up report)."""
+    pinned = os.environ.get(AUTO_DTYPE_ENV)
+    if pinned:
+        if pinned not in ("float32", "bfloat16"):
+            raise LoadError(f"{AUTO_DTYPE_ENV}={pinned!r}: choose float32 or bfloat16")
+        return DtypeChoice(pinned, f"pinned by {AUTO_DTYPE_ENV}")
+    return auto_cpu_dtype()
 
 
 def cast_model(model: nn.Module, dtype: torch.dtype) -> nn.Module:

@@ -20,10 +20,12 @@ from .body_limits import DEFAULT_MAX_SEQS_PER_REQUEST, BodyLimits, chars_per_tok
 from .chat_completions import create_chat_completion
 from .completions import create_completion
 from .context import ServerContext
+from .debug_steps import debug_steps_router
 from .errors import install_error_handlers
 from .guard import GuardedRoute, MemoryReleaser, ReleaseMemoryAfterLargeBodies
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .middleware import CountStatus, LimitBody, RequireApiKey
+from .profiling import profile_router
 from .protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse,
                        ErrorResponse, ModelCard, ModelList)
 
@@ -37,10 +39,11 @@ _STREAM = {"content": {"text/event-stream": {}}, "description": "JSON, or SSE ev
 
 def create_app(engine: AsyncEngine, served_model_name: str | None = None, api_key: str | None = None,
                max_queue: int | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST) -> FastAPI:
+               max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST, profile_dir: str | None = None) -> FastAPI:
     """``max_queue``: sequences allowed to wait beyond the engine's running capacity (None: no
     bound); more are refused with 429. ``max_seqs_per_request``: engine requests (prompts x n)
-    one HTTP request may ask for; more are refused with 400 before anything is tokenised."""
+    one HTTP request may ask for; more are refused with 400 before anything is tokenised.
+    ``profile_dir``: where ``POST /stop_profile`` writes traces (None: the profile endpoints answer 404)."""
     name = served_model_name or engine.engine.model_name
     if max_queue is not None and max_queue < 0:
         raise ValueError(f"max_queue must be >= 0, got {max_queue}")
@@ -99,6 +102,9 @@ def create_app(engine: AsyncEngine, served_model_name: str | None = None, api_ke
         except asyncio.TimeoutError:  # a very long step: answer with the previous numbers
             pass
         return Response(ctx.metrics.render(dict(last_snapshot)), media_type=CONTENT_TYPE)
+
+    app.include_router(debug_steps_router(engine, _ERRORS))
+    app.include_router(profile_router(engine, profile_dir, _ERRORS))
 
     # generation bodies are read by GuardedRoute: bounded before validation, large ones off the loop
     generation = APIRouter(route_class=GuardedRoute)

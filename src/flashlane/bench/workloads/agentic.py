@@ -39,8 +39,18 @@ SCALES = {
                          output_tokens=(4, 8), tool_result_tokens=(16, 48), think_mean_s=0.05,
                          think_max_s=0.2, subagent_prob=0.35, subagent_turns=(1, 2),
                          subagent_first_tokens=(32, 64), max_context_tokens=512),
-    # Default compare: a few minutes for c = 1, 2, 4 on 2 CPU cores.
+    # A few minutes for c = 1, 2, 4 on 2 CPU cores (short contexts: the architectures barely differ).
     "medium": AgenticSpec(),
+    # Default compare: contexts where the architectures differ, sized for 2 CPU cores and the
+    # tiny presets (16K positions): a shared 512-token system prompt, 10-11 turns, tool results of
+    # 500-1400 tokens, so a task's context passes 8K tokens by its last turns (the standard model's
+    # indexer and full MLA then cost far more than Flash's flat KDA state), 45-70K prompt tokens per
+    # task without a prefix cache; think time and occasional sub-agents as in real agent loops.
+    "long": AgenticSpec(system_tokens=512, first_user_tokens=(128, 256), turns=(10, 11),
+                        output_tokens=(8, 24), tool_result_tokens=(500, 1400), think_mean_s=0.5,
+                        think_max_s=2.0, subagent_prob=0.1, subagent_turns=(1, 2),
+                        subagent_first_tokens=(256, 512), background_prob=0.3,
+                        max_context_tokens=12288),
     # A single GPU node.
     "large": AgenticSpec(system_tokens=2048, first_user_tokens=(1024, 4096), turns=(8, 30),
                          output_tokens=(64, 800), tool_result_tokens=(128, 4096), think_mean_s=3.0,

@@ -7,7 +7,7 @@ import torch
 from ...cache_spec import CacheSpec
 from ...models.forward_batch import CacheTensors
 
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.int8}
 
 
 def dtype_name(dtype: torch.dtype) -> str:

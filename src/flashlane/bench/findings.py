@@ -1,0 +1,86 @@
+"""What a multi-stack comparison found, as data: per stack and load point the hybrid/standard
+per-task latency ratio with its bootstrap CI and verdict, flips of the verdict between load
+points, and the waterfall from one stack to the next. Pure functions of per-task latencies and
+summaries; `explain` turns them into sentences and `compare` into tables and plots."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .stats import ratio_of_means_ci
+
+SLOWER, FASTER, SAME, TOO_FEW = "slower", "faster", "no significant difference", "too few tasks"
+
+
+@dataclass
+class PointFinding:
+    stack: str
+    load: float
+    hybrid_latencies: list[float]
+    standard_latencies: list[float]
+    ci: dict | None = None
+    verdict: str = TOO_FEW
+    noisy: list[str] = field(default_factory=list)  # reasons the timings may be distorted
+
+    @property
+    def ratio(self) -> float | None:
+        if self.ci:
+            return self.ci["ratio"]
+        if self.hybrid_latencies and self.standard_latencies:
+            b = sum(self.standard_latencies) / len(self.standard_latencies)
+            return (sum(self.hybrid_latencies) / len(self.hybrid_latencies)) / b if b > 0 else None
+        return None
+
+    def mean(self, role: str) -> float | None:
+        v = self.hybrid_latencies if role == "hybrid" else self.standard_latencies
+        return sum(v) / len(v) if v else None
+
+
+def verdict_of(ci: dict | None) -> str:
+    """Direction of hybrid/standard per-task latency: slower (CI above 1), faster (below 1)."""
+    if ci is None:
+        return TOO_FEW
+    if not ci["significant"]:
+        return SAME
+    return SLOWER if ci["low"] > 1.0 else FASTER
+
+
+def point_finding(stack: str, load: float, hybrid: list[float], standard: list[float],
+                  n_boot: int = 2000, seed: int = 0, noisy: list[str] | None = None) -> PointFinding:
+    ci = ratio_of_means_ci([[x] for x in hybrid], [[x] for x in standard], n_boot=n_boot, seed=seed)
+    return PointFinding(stack, load, list(hybrid), list(standard), ci, verdict_of(ci), list(noisy or []))
+
+
+def flips(points: list[PointFinding]) -> list[tuple[PointFinding, PointFinding]]:
+    """Consecutive load points (same stack) whose ratio sits on opposite sides of 1."""
+    out = []
+    ordered = sorted(points, key=lambda p: p.load)
+    for prev, cur in zip(ordered, ordered[1:]):
+        if prev.ratio is None or cur.ratio is None:
+            continue
+        if (prev.ratio - 1.0) * (cur.ratio - 1.0) < 0:
+            out.append((prev, cur))
+    return out
+
+
+def waterfall(stacks: list[tuple[str, PointFinding]]) -> list[dict]:
+    """One step per stack, in the order run (naive -> hybrid-cache-gap -> flashlane): mean task
+    latency of each model, the ratio, and the change from the previous stack."""
+    steps, prev = [], None
+    for name, f in stacks:
+        h, s, r = f.mean("hybrid"), f.mean("standard"), f.ratio
+        step = {"stack": name, "hybrid_s": h, "standard_s": s, "ratio": r,
+                "ratio_low": f.ci["low"] if f.ci else None, "ratio_high": f.ci["high"] if f.ci else None,
+                "d_hybrid_s": None, "d_standard_s": None, "d_ratio": None}
+        if prev is not None:
+            for key, cur, old in (("d_hybrid_s", h, prev["hybrid_s"]), ("d_standard_s", s, prev["standard_s"]),
+                                  ("d_ratio", r, prev["ratio"])):
+                step[key] = cur - old if cur is not None and old is not None else None
+        steps.append(step)
+        prev = step
+    return steps
+
+
+def reproducing_stacks(findings: list[PointFinding]) -> list[PointFinding]:
+    """Points where the hybrid is significantly slower per task: the public finding's direction."""
+    return [f for f in findings if f.verdict == SLOWER]

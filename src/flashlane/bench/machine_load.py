@@ -1,0 +1,89 @@
+"""How busy the machine was during a measurement, split into the servers under test, the bench
+client and everything else (co-tenants), so a comparison can say when its timings are noisy.
+
+System-wide CPU comes from psutil; the servers' and the client's share from their process trees;
+the co-tenant share is what remains. All numbers are percent of one core (200 = two cores busy).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import psutil
+
+# A run is noisy when co-tenants took this fraction of the machine, or the client saturated a core.
+COTENANT_NOISY_FRACTION = 0.25
+CLIENT_NOISY_PERCENT = 85.0
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        p = psutil.Process(pid)
+        return [p] + p.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+class MachineLoad:
+    """Context manager sampling CPU every `interval_s` in a thread; `.summary()` afterwards."""
+
+    def __init__(self, server_pids: list[int], interval_s: float = 0.5):
+        self.server_pids = [p for p in server_pids if p]
+        self.interval_s = interval_s
+        self.cores = psutil.cpu_count() or 1
+        self.samples: list[tuple[float, float, float]] = []  # (system, servers, client)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._procs: dict[int, psutil.Process] = {}
+
+    def _cpu(self, procs: list[psutil.Process]) -> float:
+        total = 0.0
+        for p in procs:
+            known = self._procs.setdefault(p.pid, p)  # cpu_percent needs the same object each time
+            try:
+                total += known.cpu_percent(None)
+            except psutil.Error:
+                continue
+        return total
+
+    def _sample(self) -> tuple[float, float, float]:
+        system = psutil.cpu_percent(None) * self.cores
+        servers = self._cpu([q for pid in self.server_pids for q in _tree(pid)])
+        client = self._cpu([psutil.Process(os.getpid())])
+        return system, servers, client
+
+    def _loop(self) -> None:
+        self._sample()  # primes the counters
+        while not self._stop.wait(self.interval_s):
+            self.samples.append(self._sample())
+
+    def __enter__(self) -> "MachineLoad":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def summary(self) -> dict:
+        return summarize_load(self.samples, self.cores)
+
+
+def summarize_load(samples: list[tuple[float, float, float]], cores: int) -> dict:
+    """Means of (system, servers, client) CPU samples, the co-tenant remainder, and the verdict."""
+    if not samples:
+        return {"n": 0, "cores": cores, "noisy": False, "reasons": []}
+    n = len(samples)
+    system = sum(s[0] for s in samples) / n
+    servers = sum(s[1] for s in samples) / n
+    client = sum(s[2] for s in samples) / n
+    cotenant = max(0.0, system - servers - client)
+    reasons = []
+    if cotenant > COTENANT_NOISY_FRACTION * 100 * cores:
+        reasons.append(f"other processes used {cotenant:.0f}% CPU of {100 * cores}%")
+    if client > CLIENT_NOISY_PERCENT:
+        reasons.append(f"the bench client used {client:.0f}% of a core")
+    return {"n": n, "cores": cores, "system_cpu_percent": system, "servers_cpu_percent": servers,
+            "client_cpu_percent": client, "cotenant_cpu_percent": cotenant,
+            "noisy": bool(reasons), "reasons": reasons}

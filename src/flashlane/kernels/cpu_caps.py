@@ -1,0 +1,106 @@
+"""What the CPU can do natively (int8 dot products, bf16), and a tiny timer for start-up choices.
+
+torch's ``get_cpu_capability()`` names the vector width (``AVX2``, ``AVX512``, ``AMX``...) but
+not the int8 / bf16 instructions the int8 and bf16 paths need, so /proc/cpuinfo flags are read
+too. ``CpuCaps`` is a plain value so that unit tests inject any machine they like.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")   # int8 x int8 -> int32 dot instructions
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")                   # native bf16 dot products
+
+
+@dataclass(frozen=True)
+class CpuCaps:
+    capability: str                 # torch.backends.cpu.get_cpu_capability(), e.g. "AVX2"
+    flags: frozenset[str] = frozenset()
+
+    @property
+    def int8_dot(self) -> bool:
+        return any(f in self.flags for f in INT8_DOT_FLAGS) or "AMX" in self.capability.upper()
+
+    @property
+    def native_bf16(self) -> bool:
+        return any(f in self.flags for f in BF16_FLAGS) or "AMX" in self.capability.upper()
+
+    def describe(self) -> str:
+        extras = [name for name, on in (("int8-dot", self.int8_dot), ("bf16", self.native_bf16)) if on]
+        return f"{self.capability}" + (f" ({', '.join(extras)})" if extras else " (no int8-dot, no bf16)")
+
+
+def _cpuinfo_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()   # not Linux: only torch's capability string is known
+
+
+@functools.lru_cache(maxsize=1)
+def detect_cpu_caps() -> CpuCaps:
+    return CpuCaps(torch.backends.cpu.get_cpu_capability(), _cpuinfo_flags())
+
+
+def best_time(fn: Callable[[], object], reps: int = 3) -> float:
+    """Seconds of the fastest of ``reps`` calls after one warm-up call (min: least disturbed by
+    other work on a shared machine)."""
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+# ---- dtype="auto" on CPU ----------------------------------------------------------------------
+
+AUTO_DTYPE_SHAPE = (2048, 1024)      # (out, in) of the timed matmul: a small model's MLP
+AUTO_DTYPE_ROWS = (1, 64)            # decode and prefill row counts; bf16 must win at both
+BF16_MARGIN = 0.9                    # ... by 10%: a coin-flip timing on a busy machine keeps fp32
+
+DtypeTimer = Callable[[torch.dtype, int], float]   # (dtype, rows) -> seconds
+
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    dtype: str                       # "float32" | "bfloat16"
+    why: str
+
+
+def _time_linear(dtype: torch.dtype, rows: int) -> float:
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(AUTO_DTYPE_SHAPE, generator=g).to(dtype)
+    x = torch.randn(rows, AUTO_DTYPE_SHAPE[1], generator=g).to(dtype)
+    with torch.inference_mode():
+        return best_time(lambda: torch.nn.functional.linear(x, w))
+
+
+def choose_cpu_dtype(caps: CpuCaps, timer: DtypeTimer | None = None) -> DtypeChoice:
+    """bfloat16 only where the CPU has native bf16 and a short timing says it is clearly faster
+    (``BF16_MARGIN``) at decode and prefill row counts alike; float32 otherwise."""
+    if not caps.native_bf16:
+        return DtypeChoice("float32", f"cpu {caps.describe()}: no native bf16")
+    timer = timer or _time_linear
+    times = {rows: (timer(torch.float32, rows), timer(torch.bfloat16, rows)) for rows in AUTO_DTYPE_ROWS}
+    faster = all(b < BF16_MARGIN * f for f, b in times.values())
+    timed = ", ".join(f"{rows} rows fp32 {f * 1e3:.2f}ms bf16 {b * 1e3:.2f}ms" for rows, (f, b) in times.items())
+    return DtypeChoice("bfloat16" if faster else "float32",
+                       f"cpu {caps.describe()}: {timed} -> {'bf16 faster' if faster else 'bf16 not faster'}")
+
+
+@functools.lru_cache(maxsize=1)
+def auto_cpu_dtype() -> DtypeChoice:
+    """``choose_cpu_dtype`` for this machine, timed once per process."""
+    return choose_cpu_dtype(detect_cpu_caps())
