@@ -91,7 +91,8 @@ def test_nvml_utilisation_drives_idle_gaps(monkeypatch):
 
 def test_server_cache_info_prefers_exact_keys():
     doc = {"data": [{"id": "m", "flashlane": {"latent_bytes_per_token": 256, "cache_bytes_per_token": 320.0,
-                                              "state_bytes_per_sequence": 128000}}]}
-    assert server_cache_info(doc, {}) == {"cache_bytes_per_token": 320.0, "state_bytes_per_sequence": 128000.0}
+                                              "state_bytes_per_sequence": 128000, "dtype": "float32"}}]}
+    assert server_cache_info(doc, {}) == {"cache_bytes_per_token": 320.0, "state_bytes_per_sequence": 128000.0,
+                                          "dtype": "float32"}
     got = server_cache_info({"data": []}, {'x:cache_bytes_per_token{m="a"}': 64.0})
-    assert got == {"cache_bytes_per_token": 64.0, "state_bytes_per_sequence": None}
+    assert got == {"cache_bytes_per_token": 64.0, "state_bytes_per_sequence": None, "dtype": None}

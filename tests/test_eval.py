@@ -145,7 +145,7 @@ def test_cli_sweep_on_tiny_flash_writes_json_markdown_html(tmp_path, capsys):
     # dtype auto is float32 on CPU: the first point computes what the reference does, exactly
     assert rows[0]["top1_agreement"] == 1.0 and rows[0]["kl_max"] == 0.0 and rows[0]["perplexity_ratio"] == 1.0
     assert rows[0]["weight_bytes"] == ref["weight_bytes"] and rows[1]["weight_bytes"] < ref["weight_bytes"] / 3
-    assert {"cpu", "cpu_capability", "torch_threads"} <= set(result["machine"])
+    assert {"cpu_model", "cpu_capability", "torch_threads"} <= set(result["machine"])
     assert json.loads((out / "eval.json").read_text())["configurations"][1]["options"] == {"quantization": "int8"}
     assert "| quantization=int8 |" in (out / "eval.md").read_text()
     assert "data:image/png;base64," in (out / "eval.html").read_text()

@@ -38,8 +38,8 @@ from .text_synth import TextSynth, TokenizerResolver, load_tokenizer
 LOAD_AXIS = "concurrency (sessions in flight)"
 # (model id, replayed turns per task, concurrency) -> {prefill_s, decode_s, task_s} or None
 Predictor = Callable[[str, list, int], "dict | None"]
-# (model id, batch, context) -> the profile command's JSON summary, or None
-Profiler = Callable[[str, int, int], "dict | None"]
+# (model id, batch, context, weights dtype as served or None) -> the profile command's JSON summary, or None
+Profiler = Callable[[str, int, int, "str | None"], "dict | None"]
 
 
 @dataclass
@@ -309,8 +309,9 @@ def attribute(targets, groups: list[StackRun], predict: Predictor | None, profil
             continue
         batch = max(pr.point.concurrency or 1 for pr in runs)
         context = sorted(contexts)[len(contexts) // 2]  # a typical task's final context
-        log(f"profiling {t.model} at batch {batch}, context {context}")
-        doc = profile(t.model, batch, context)
+        dtype = next((pr.summary.get("server_info", {}).get("dtype") for pr in runs), None)
+        log(f"profiling {t.model} at batch {batch}, context {context}" + (f", {dtype} as served" if dtype else ""))
+        doc = profile(t.model, batch, context, dtype)
         if doc is None:
             continue
         (out_dir / "profile").mkdir(exist_ok=True)

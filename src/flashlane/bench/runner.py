@@ -125,25 +125,30 @@ def build_source(cfg: BenchConfig) -> WorkloadSource:
     return fixed_source(cfg.seed, cfg.fixed)
 
 
-def _find_number(obj, key: str):
-    """First numeric value stored under exactly `key` anywhere in a JSON document."""
+def _find_value(obj, key: str, kinds: tuple[type, ...]):
+    """First value of one of `kinds` stored under exactly `key` anywhere in a JSON document."""
     if isinstance(obj, dict):
         v = obj.get(key)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return float(v)
+        if isinstance(v, kinds) and not isinstance(v, bool):
+            return v
         obj = list(obj.values())
     if isinstance(obj, list):
         for v in obj:
-            r = _find_number(v, key)
+            r = _find_value(v, key, kinds)
             if r is not None:
                 return r
     return None
 
 
+def _find_number(obj, key: str):
+    v = _find_value(obj, key, (int, float))
+    return None if v is None else float(v)
+
+
 def server_cache_info(models_doc, metric_samples: dict[str, float]) -> dict:
-    """Cache bytes per token and state bytes per sequence as the server advertises them in
-    /v1/models metadata or /metrics (None when it does not)."""
-    out = {}
+    """Cache bytes per token, state bytes per sequence and the weights' dtype as the server
+    advertises them in /v1/models metadata or /metrics (None when it does not)."""
+    out = {"dtype": _find_value(models_doc, "dtype", (str,))}
     for key in ("cache_bytes_per_token", "state_bytes_per_sequence"):
         v = _find_number(models_doc, key)
         if v is None:

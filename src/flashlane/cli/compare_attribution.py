@@ -78,12 +78,14 @@ def make_profiler(out_dir: Path, steps: int = 2, timeout_s: float = 300.0, log=p
     if not profile_available():
         return None
 
-    def profile(model: str, batch: int, context: int) -> dict | None:
+    def profile(model: str, batch: int, context: int, dtype: str | None = None) -> dict | None:
         if role_of(model) is None:  # no config to run it from (another server's model name)
             return None
         folder = Path(out_dir) / "profile" / Path(model).name
         cmd = [sys.executable, "-m", "flashlane.cli.main", "profile", model, "--batch", str(batch),
                "--context", str(context), "--steps", str(steps), "--output-dir", str(folder)]
+        if dtype in ("float32", "bfloat16"):  # the weights' dtype the measured server ran
+            cmd += ["--dtype", dtype]
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
         except (subprocess.SubprocessError, OSError) as exc:

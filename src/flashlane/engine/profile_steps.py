@@ -10,9 +10,10 @@ import random
 import time
 from pathlib import Path
 
+from ..kernels.cpu_caps import machine_info
 from ..kernels.profiling import profiling_range
 from .llm_engine import LLMEngine
-from .profiling import StepProfiler, breakdown, machine_info, per_unit, write_trace
+from .profiling import StepProfiler, breakdown, per_unit, write_trace
 from .sampling_params import SamplingParams
 
 WARMUP_STEPS = 2

@@ -16,14 +16,11 @@ torch.profiler records).
 
 from __future__ import annotations
 
-import os
-import platform
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from ..kernels.cpu_caps import detect_cpu_caps
 from ..kernels.profiling import RANGE_NAMES, set_profiling
 
 OWN_TIME_NAME = {"engine_step": "engine_overhead", "model_forward": "model_other"}
@@ -134,21 +131,4 @@ def write_trace(prof: profile, path: str | Path) -> Path:
     return path
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def machine_info() -> dict:
-    """What a profile's numbers depend on: CPU, its vector capability, threads, accelerator."""
-    return {"cpu_model": cpu_model(), "cpu_capability": detect_cpu_caps().describe(),
-            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
-
-
-__all__ = ["CATEGORIES", "StepProfiler", "breakdown", "per_unit", "write_trace", "machine_info"]
+__all__ = ["CATEGORIES", "StepProfiler", "breakdown", "per_unit", "write_trace"]

@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import platform
-from pathlib import Path
-
-import torch
-
 from ..engine.sampling_params import SamplingParams
 
 
@@ -18,22 +13,6 @@ def cache_bytes(startup: dict) -> dict[str, float]:
     else:
         per_token = float(startup["latent_bytes_per_token"] + startup["index_bytes_per_token"])
     return {"cache_bytes_per_token": per_token, "state_bytes_per_sequence": startup["bytes_per_slot"]}
-
-
-def machine_info() -> dict:
-    return {"cpu": _cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": platform.python_version()}
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def throughput(llm, prompt_ids: list[int], decode_tokens: int, batches: tuple[int, ...]) -> dict[str, float]:

@@ -43,7 +43,7 @@ def notes(result: dict) -> list[str]:
     if any(r.get("random_weights") for r in all_rows(result)):
         out.append(RANDOM_NOTE)
     m = result["machine"]
-    out.append(f"Machine: {m['cpu']} ({m['cpu_capability']}), {m['torch_threads']} torch threads, torch {m['torch']}. "
+    out.append(f"Machine: {m['cpu_model']} ({m['cpu_capability']}), {m['torch_threads']} torch threads, torch {m['torch']}. "
                f"Corpus: {result['corpus']['name']}, {result['corpus']['tokens']} tokens, "
                f"{result['corpus']['windows']} windows of {result['corpus']['window']}.")
     return out

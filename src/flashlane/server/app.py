@@ -88,7 +88,7 @@ def create_app(engine: AsyncEngine, served_model_name: str | None = None, api_ke
     async def models():
         eng = engine.engine
         report = dict(eng.startup)
-        report["cache_bytes_per_token"] = report["latent_bytes_per_token"] + report["index_bytes_per_token"]
+        report["cache_bytes_per_token"] = sum(report["pool_bytes_per_token"].values())  # scale pools too
         report["state_bytes_per_sequence"] = report["bytes_per_slot"]
         card = ModelCard(id=name, root=eng.model_name, max_model_len=eng.max_model_len, flashlane=report)
         return ModelList(data=[card])
