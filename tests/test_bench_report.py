@@ -78,6 +78,7 @@ def test_report_renders_in_headless_chromium(sweep_dir, tmp_path):
         img = mpimg.imread(str(shot))
         assert img.shape[:2] == (2400, 1280)
         rgb = (img[..., :3] * 255).astype(int)
-        # matplotlib's default first line colour (#1f77b4) only appears inside the plots
+        # matplotlib's default first line colour (#1f77b4) only appears inside the plots (how many
+        # pixels depends on the measured curves; a page without plots has none)
         blue = np.all(np.abs(rgb - np.array([0x1F, 0x77, 0xB4])) <= 12, axis=-1).sum()
-        assert blue > 200
+        assert blue > 50

@@ -169,7 +169,7 @@ def test_ctrl_c_stops_the_server_and_leaves_a_resumable_study(tmp_path):
     db = tmp_path / "study.db"
     cmd = [sys.executable, "-m", "flashlane.cli.main", "tune", "--serve-command",
            f"{{python}} {FAKE} --port {{port}} --token-delay {{delay}}", "--search-space", str(space),
-           "--trials", "1", *QUICK, "--num-sessions", "20", "--duration", "4", "--storage", f"sqlite:///{db}",
+           "--trials", "1", *QUICK, "--num-sessions", "200", "--duration", "20", "--storage", f"sqlite:///{db}",
            "--study-name", "i", "--output-dir", str(tmp_path / "out"), "--no-record"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -178,7 +178,7 @@ def test_ctrl_c_stops_the_server_and_leaves_a_resumable_study(tmp_path):
         while time.monotonic() < deadline and proc.poll() is None and not (log.exists() and children):
             children = psutil.Process(proc.pid).children(recursive=True)
             time.sleep(0.1)
-        time.sleep(1.5)  # the server starts, the 4 s measurement begins: Ctrl-C lands inside the trial
+        time.sleep(3.0)  # the server starts, the 20 s measurement begins: Ctrl-C lands inside the trial
         assert proc.poll() is None, proc.communicate()
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
