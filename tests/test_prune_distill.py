@@ -189,6 +189,14 @@ def test_distillation_lowers_the_kl_on_a_fixed_batch_and_writes_a_loadable_check
     assert _max_logprob_err(out, probe) <= TOL
 
 
+@pytest.mark.parametrize("bad", [{"steps": 0}, {"seq_len": 1}, {"batch_size": 0}, {"temperature": 0.0},
+                                 {"temperature": float("nan")}, {"lr": -1e-4}])
+def test_distill_settings_refuse_bad_values_naming_the_flag(bad):
+    flag = "--" + next(iter(bad)).replace("_", "-")
+    with pytest.raises(ValueError, match=flag):
+        DistillSettings(**bad).check()
+
+
 def test_kd_loss_is_temperature_squared_kl():
     s, t = torch.tensor([[0.0, 1.0, 2.0]]), torch.tensor([[2.0, 0.0, 1.0]])
     p, q = (t / 2).softmax(-1), (s / 2).softmax(-1)

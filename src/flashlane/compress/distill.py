@@ -33,11 +33,13 @@ class DistillSettings:
     seed: int = 0
 
     def check(self) -> None:
-        for flag, value in (("--steps", self.steps), ("--seq-len", self.seq_len), ("--batch-size", self.batch_size)):
-            if value < 1:
-                raise ValueError(f"{flag} must be at least 1, got {value}")
-        if self.seq_len < 2:
-            raise ValueError(f"--seq-len must be at least 2, got {self.seq_len}")
+        for flag, value, least in (("--steps", self.steps, 1), ("--seq-len", self.seq_len, 2),
+                                   ("--batch-size", self.batch_size, 1)):
+            if value < least:
+                raise ValueError(f"{flag} must be at least {least}, got {value}")
+        for flag, value in (("--temperature", self.temperature), ("--lr", self.lr)):
+            if not value > 0:
+                raise ValueError(f"{flag} must be a positive number, got {value}")
         if not self.temperature > 0:
             raise ValueError(f"--temperature must be > 0, got {self.temperature}")
         if not self.lr > 0:
