@@ -1,8 +1,10 @@
-"""(a) flashlane LLM.generate vs transformers generate on the same weights, same prompts.
+"""(a) flashlane LLM.generate (eager and static-graph decode) vs transformers generate on the
+same weights, same prompts, the same torch threads.
 
-Batch 1 and 16, greedy, fixed output length; reports generated tokens/s for both and the ratio.
-transformers is loaded with flashlane's own weights (identical parameter names), so both run the
-same model.
+Batch 1 and 16, greedy, fixed output length; reports generated tokens/s for each and the ratios,
+plus the aten-level operator calls of one decode step (torch.profiler events named ``aten::*``,
+nested calls included, counted the same way for both engines). transformers is loaded with
+flashlane's own weights (identical parameter names), so all run the same model.
 
     python benchmarks/vs_transformers.py --models tiny-flash,tiny-standard,smollm2-135m
 """
@@ -67,6 +69,24 @@ def time_flashlane(llm: LLM, prompts: torch.Tensor, new_tokens: int) -> float:
     return dt
 
 
+def aten_calls_per_decode_step(llm: LLM, prompts: torch.Tensor) -> int:
+    """aten::* profiler events of one engine step while every prompt is decoding."""
+    from torch.profiler import profile
+
+    eng = llm.engine
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    for i, p in enumerate(prompts.tolist()):
+        eng.add_request(f"ops{i}", p, params)
+    while any(not r.output_token_ids for r in eng.requests.values()):
+        eng.step()
+    eng.step()
+    with profile() as prof:
+        eng.step()
+    for rid in list(eng.requests):
+        eng.abort(rid)
+    return sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="tiny-flash,tiny-standard,smollm2-135m")
@@ -74,27 +94,39 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--no-compile", action="store_true", help="skip the static-graph decode engine")
     ap.add_argument("--out")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
+    batches = [int(b) for b in args.batches.split(",")]
     rows = []
     for name in args.models.split(","):
         loaded = load_model(name, dtype=args.dtype)
         hf = hf_model(loaded, dtype)
         llm = LLM(loaded, dtype=args.dtype, max_num_seqs=64)
+        compiled = None if args.no_compile else LLM(loaded, dtype=args.dtype, max_num_seqs=64, compile=True,
+                                                    compile_sizes=batches)
         g = torch.Generator().manual_seed(0)
         vocab = min(loaded.config.vocab_size, 30000)
-        for bsz in (int(b) for b in args.batches.split(",")):
+        for bsz in batches:
             prompts = torch.randint(10, vocab, (bsz, args.prompt_len), generator=g)
             t_hf = time_hf(hf, prompts, args.new_tokens)
             t_fl = time_flashlane(llm, prompts, args.new_tokens)
             n = bsz * args.new_tokens
             row = {"model": name, "batch": bsz, "new_tokens": args.new_tokens, "prompt_len": args.prompt_len,
-                   "transformers_tok_s": n / t_hf, "flashlane_tok_s": n / t_fl, "speedup": t_hf / t_fl}
+                   "transformers_tok_s": n / t_hf, "flashlane_tok_s": n / t_fl, "speedup": t_hf / t_fl,
+                   "aten_calls_per_step_eager": aten_calls_per_decode_step(llm, prompts)}
+            if compiled is not None:
+                t_c = time_flashlane(compiled, prompts, args.new_tokens)
+                row.update(flashlane_compiled_tok_s=n / t_c, speedup_compiled=t_hf / t_c,
+                           aten_calls_per_step_compiled=aten_calls_per_decode_step(compiled, prompts),
+                           compile_warmup_s=compiled.engine.info.compiled_decode["warmup_s"])
+                row["dispatch_cut"] = row["aten_calls_per_step_eager"] / row["aten_calls_per_step_compiled"]
             print(row, flush=True)
             rows.append(row)
-        del hf, llm
-    write_result("vs_transformers", {"dtype": args.dtype, "rows": rows}, args.out)
+        del hf, llm, compiled
+    write_result("vs_transformers", {"dtype": args.dtype, "threads": torch.get_num_threads(), "rows": rows},
+                 args.out)
 
 
 if __name__ == "__main__":

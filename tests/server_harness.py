@@ -55,8 +55,9 @@ class LiveServer:
     def __init__(self, loaded, served_model_name: str = "tiny-flash", api_key: str | None = None,
                  max_queue: int | None = None, max_body_bytes: int | None = None, graceful_s: float = 5.0,
                  connection_limits: ConnectionLimits | None = None, max_seqs_per_request: int | None = None,
-                 **engine_args):
-        self.engine = AsyncEngine(loaded, **{**ENGINE_ARGS, **engine_args})
+                 engine=None, **engine_args):
+        """``engine``: an engine to serve (e.g. an EngineCoreClient); default: an AsyncEngine of ``loaded``."""
+        self.engine = engine if engine is not None else AsyncEngine(loaded, **{**ENGINE_ARGS, **engine_args})
         kw = {} if max_body_bytes is None else {"max_body_bytes": max_body_bytes}
         if max_seqs_per_request is not None:
             kw["max_seqs_per_request"] = max_seqs_per_request

@@ -237,6 +237,11 @@ def _kda_pair(seed=0, **overrides):
             if p.dim() >= 2:
                 p.normal_(0, 0.2)
         randomise_glm5_next_constants(hf, seed)
+        # the reference makes dt_bias with torch.empty and only a whole model's _init_weights
+        # fills it: left alone it is whatever memory the allocator hands back (NaN or inf there
+        # gave a NaN in one full run); a seeded spread around FLA's init (softplus^-1 of 1e-3..1e-1)
+        dt_bias = hf.forget_gate.dt_bias
+        dt_bias.copy_(-4.5 + 1.5 * torch.randn(dt_bias.shape, generator=torch.Generator().manual_seed(seed + 7)))
     cfg = parse_config(hf_cfg.to_dict())
     ours = KDAAttention(cfg, layer_id=0).eval()
     ours.load_state_dict(hf.state_dict(), strict=True)

@@ -13,7 +13,7 @@ import torch
 from flashlane import LLM, SamplingParams
 from flashlane.kernels.cpu_caps import CpuCaps, choose_cpu_dtype
 from flashlane.kernels.int8_plan import Int8Plan, candidates, choose_plan
-from flashlane.kernels.moe import grouped_experts, grouped_experts_int8
+from flashlane.kernels.moe import experts_fixed_shape, grouped_experts, grouped_experts_int8
 from flashlane.kernels.quant_matmul import (KERNELS, dequantize_int8, int8_linear_reference, quantize_int8,
                                             w8a8_linear, w8a8_linear_reference)
 from flashlane.models.layers import Experts, Fp32Linear
@@ -325,3 +325,14 @@ def test_auto_dtype_pin(monkeypatch):
     monkeypatch.setenv("FLASHLANE_AUTO_DTYPE", "int8")
     with pytest.raises(LoadError, match="FLASHLANE_AUTO_DTYPE"):
         resolve_dtype("auto", None, "cpu")
+
+
+@pytest.mark.parametrize("tokens", [3, 40])   # 3 x 2 choices < 8 experts: gathered; 40: all experts
+def test_fixed_shape_experts_match_the_dispatching_kernels(tokens):
+    """The compiled step's expert path (no per-expert host sync) against the eager dispatch."""
+    x, weights, ids, gate_up, down = _experts(e=8, n=tokens)
+    ref = grouped_experts(x, weights, ids, gate_up, down, swiglu_limit=7.0)
+    assert _rel(experts_fixed_shape(x, weights, ids, gate_up, down, 7.0), ref) < 1e-5
+    (gq, gs), (dq, ds) = quantize_int8(gate_up), quantize_int8(down)
+    int8_ref = grouped_experts_int8(x, weights, ids, gq, gs, dq, ds, 7.0, linear=int8_linear_reference)
+    assert _rel(experts_fixed_shape(x, weights, ids, gq, dq, 7.0, gs, ds), int8_ref) < 2e-2

@@ -182,7 +182,7 @@ def test_large_bodies_are_checked_in_a_child_process(server):
 def test_large_texts_are_tokenised_without_holding_the_event_loop(loaded):
     """tokenizers' single-text encode holds the GIL for its whole run; the batch call used for
     large inputs releases it, so the loop keeps ticking meanwhile."""
-    ctx = ServerContext(SimpleNamespace(engine=SimpleNamespace(tokenizer=loaded.tokenizer)), MODEL, None, None)
+    ctx = ServerContext(SimpleNamespace(tokenizer=loaded.tokenizer), MODEL, None, None)
     text = "hello world, this is a test. " * 100_000  # ~3 M characters
 
     async def run():

@@ -4,7 +4,8 @@ tokens (the engine holds back a tail that may still become a stop string)."""
 from __future__ import annotations
 
 from flashlane import LLM, SamplingParams
-from flashlane.engine.llm_engine import LLMEngine, _stop_prefix_len
+from flashlane.engine.llm_engine import LLMEngine
+from flashlane.engine.stop_checker import stop_prefix_len
 
 from engine_models import tiny_llama
 
@@ -21,11 +22,11 @@ def _stream(engine: LLMEngine, prompt, params) -> tuple[str, object]:
 
 
 def test_stop_prefix_len():
-    assert _stop_prefix_len("hello wo", 0, ["world"]) == 2
-    assert _stop_prefix_len("hello wo", 7, ["world"]) == 0  # only text from `start` on counts
-    assert _stop_prefix_len("hello w", 6, ["world"]) == 1
-    assert _stop_prefix_len("hello", 0, ["xyz", "lo!"]) == 2
-    assert _stop_prefix_len("hello", 0, ["q"]) == 0
+    assert stop_prefix_len("hello wo", 0, ["world"]) == 2
+    assert stop_prefix_len("hello wo", 7, ["world"]) == 0  # only text from `start` on counts
+    assert stop_prefix_len("hello w", 6, ["world"]) == 1
+    assert stop_prefix_len("hello", 0, ["xyz", "lo!"]) == 2
+    assert stop_prefix_len("hello", 0, ["q"]) == 0
 
 
 def test_streamed_deltas_equal_final_text_for_every_stop():

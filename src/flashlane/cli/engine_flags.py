@@ -6,12 +6,20 @@ import argparse
 import os
 from pathlib import Path
 
-from ..engine.engine_args import EngineArgs
+from ..engine.engine_args import EngineArgs, check_sizes
 
 
 def _memory(value: str) -> float | int:
     v = float(value)
     return v if v <= 1.0 else int(v)
+
+
+def _sizes(value: str) -> tuple[int, ...]:
+    try:
+        return check_sizes([int(v) for v in value.split(",")])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated batch sizes >= 1 (e.g. 1,2,4,8), "
+                                         f"got {value!r}") from None
 
 
 def _bytes(value: str) -> int:
@@ -92,7 +100,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="requests per batch with --scheduler static")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="longest sequence, prompt plus output (default: the model's, capped by the cache)")
-    p.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--num-threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's choice; `serve`'s engine process: all CPUs but one)")
     p.add_argument("--quantization", choices=["int8", "w8a8"], default=None,
                    help="int8 weights for every linear, the MoE experts and the LM head; w8a8 also "
                         "quantises activations per token where that measures faster (prefill on "
@@ -119,15 +128,22 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="directory for the disk tier (kept across restarts of the same model and layout)")
     g.add_argument("--disk-cache-bytes", type=_positive_bytes, default=None,
                    help="byte budget of the disk tier (default: unbounded)")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile the mHC math (compiled at start-up; ~15%% faster single-threaded "
-                        "offline decode, measured slower under `serve` on 2 CPU cores)")
+    g = p.add_argument_group("static-graph decode")
+    g.add_argument("--compile", action="store_true",
+                   help="compile the model's decode step once per batch-size bucket with torch.compile "
+                        "(Inductor), warmed up at start-up, cached on disk under $FLASHLANE_CACHE/inductor; "
+                        "decode steps are padded to the next bucket, prefill and larger batches run eagerly "
+                        "(default: off)")
+    g.add_argument("--compile-sizes", type=_sizes, default=d.compile_sizes,
+                   help="comma-separated decode batch buckets compiled with --compile (capped at the "
+                        f"sequences that can run at once; default: {','.join(map(str, d.compile_sizes))})")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
     return {k: getattr(args, k) for k in (
         "dtype", "seed", "page_size", "max_num_seqs", "max_num_batched_tokens", "cache_memory",
-        "num_pages", "num_slots", "max_wait_ms", "max_model_len", "num_threads", "compile", "quantization",
+        "num_pages", "num_slots", "max_wait_ms", "max_model_len", "num_threads", "compile", "compile_sizes",
+        "quantization",
         "scheduler", "static_batch_size",
         "kv_cache_dtype", "index_topk",
         "skip_tokenizer_init",

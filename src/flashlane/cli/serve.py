@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import errno
 import logging
 import os
@@ -46,6 +47,12 @@ def add_parser(sub):
     p.add_argument("--limit-concurrency", type=int, default=None, metavar="N",
                    help="open connections (or requests in flight) allowed; a request beyond them gets 503 with "
                         "'Connection: close' (default: 1024, fewer if the open-file limit is lower)")
+    p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the scheduler and the model in their own process (owning the torch threads; "
+                        "HTTP, tokenising and streaming stay here, so neither waits on the other's GIL or "
+                        "OpenMP pool; without --num-threads it takes all CPUs but one); if that process dies, "
+                        "requests get 503 and /health turns unhealthy. "
+                        "--no-engine-process steps the engine on a thread of the server process (default: on)")
     p.add_argument("--profile-dir", type=_writable_dir, default=None, metavar="DIR",
                    help="enable POST /start_profile and /stop_profile: a torch.profiler window over live "
                         "traffic, written to DIR as a Chrome/Perfetto trace (default: off, the endpoints answer 404)")
@@ -57,6 +64,7 @@ def run(args) -> int:
     import uvicorn
 
     from ..engine.async_engine import AsyncEngine
+    from ..engine.core_client import EngineCoreClient
     from ..server.app import DEFAULT_MAX_BODY_BYTES, create_app
     from ..server.connections import uvicorn_config
 
@@ -68,17 +76,20 @@ def run(args) -> int:
     # listening before the start-up line says so
     sock = bind_socket(args.host, args.port)
     try:
-        engine = AsyncEngine(args.model, **engine_kwargs(args))
+        engine_class = EngineCoreClient if args.engine_process else AsyncEngine
+        engine = engine_class(args.model, **engine_kwargs(args))
         app = create_app(engine, served_model_name=args.served_model_name or args.model, api_key=api_key,
                          max_queue=args.max_queue, max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
                          max_seqs_per_request=args.max_seqs_per_request, profile_dir=args.profile_dir)
         listen(sock, args.host, args.port)
         port = sock.getsockname()[1]
         host = f"[{args.host}]" if ":" in args.host else args.host
-        print(f"flashlane: serving {engine.engine.model_name} as {args.served_model_name or args.model!r} "
-              f"on http://{host}:{port}{' (API key required)' if api_key else ''}\n"
-              f"flashlane: {engine.engine.describe_weights()}\n"
-              f"flashlane: {engine.engine.describe_cache()}", flush=True)
+        print(f"flashlane: serving {engine.info.model} as {args.served_model_name or args.model!r} "
+              f"on http://{host}:{port}{' (API key required)' if api_key else ''}"
+              f"{' (engine in its own process)' if args.engine_process else ''}\n"
+              f"flashlane: {engine.info.describe_weights()}\n"
+              f"flashlane: {engine.info.describe_cache()}\n"
+              f"flashlane: {engine.info.describe_compile()}", flush=True)
         level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
         config = uvicorn_config(app, args.host, port, limits, log_level=level,
                                 timeout_graceful_shutdown=args.shutdown_timeout, access_log=False)

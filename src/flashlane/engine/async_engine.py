@@ -12,12 +12,16 @@ import concurrent.futures
 import queue
 import threading
 import time
+from contextlib import aclosing
 from typing import AsyncIterator
 
 from ..kernels.profiling import profiling_range
+from .info import EngineInfo
 from .llm_engine import LLMEngine
 from .outputs import RequestOutput
+from .profiling import StepProfiler, write_window
 from .sampling_params import SamplingParams
+from .serving_engine import request_outputs
 
 
 class EngineDeadError(RuntimeError):
@@ -32,6 +36,7 @@ class AsyncEngine:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._profile = StepProfiler()
         self.error: BaseException | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -53,6 +58,10 @@ class AsyncEngine:
         self._thread.join(timeout)
         self._thread = None
         self.engine.close()
+
+    @property
+    def info(self) -> EngineInfo:
+        return self.engine.info
 
     @property
     def tokenizer(self):
@@ -79,20 +88,10 @@ class AsyncEngine:
             if not isinstance(exc, Exception):  # cancelled while the add may have gone through
                 self._call(self.engine.abort, request_id)
             raise
-        finished = False
-        try:
-            while True:
-                out = await q.get()
-                if isinstance(out, BaseException):
-                    raise out
+        async with aclosing(request_outputs(q, self._streams, request_id,
+                                            lambda rid: self._call(self.engine.abort, rid))) as outs:
+            async for out in outs:
                 yield out
-                if out.finished:
-                    finished = True
-                    return
-        finally:
-            self._streams.pop(request_id, None)
-            if not finished:
-                self._call(self.engine.abort, request_id)
 
     def abort(self, request_id: str) -> concurrent.futures.Future:
         return self._call(self.engine.abort, request_id)
@@ -109,6 +108,19 @@ class AsyncEngine:
 
     def _snapshot(self) -> dict:
         return {**self.engine.stats(), "finish_reasons": dict(self.engine.finish_reasons)}
+
+    async def step_page(self, since: float | None, limit: int, with_ids: bool) -> dict:
+        """A page of the step log (``StepLog.page``); the log has its own lock."""
+        return self.engine.step_stats.page(since, limit, with_ids)
+
+    async def start_profile(self) -> None:
+        """Open a torch.profiler window on the stepping thread, between two steps."""
+        await asyncio.wrap_future(self.call_in_engine_thread(self._profile.start))
+
+    async def stop_profile(self, directory: str) -> dict:
+        """Close the window and write its trace and summary into ``directory`` (``write_window``)."""
+        prof = await asyncio.wrap_future(self.call_in_engine_thread(self._profile.stop))
+        return await asyncio.to_thread(write_window, prof, directory)
 
     def call_in_engine_thread(self, fn, *args) -> concurrent.futures.Future:
         """Run ``fn(*args)`` on the stepping thread between two steps (torch.profiler records

@@ -5,6 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 
+def check_sizes(sizes) -> tuple[int, ...]:
+    """Validated, sorted, de-duplicated bucket sizes (ValueError naming ``compile_sizes``)."""
+    items = list(sizes) if isinstance(sizes, (list, tuple)) else None
+    if not items or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in items):
+        raise ValueError(f"compile_sizes must be a non-empty list of integer batch sizes >= 1, got {sizes!r}")
+    return tuple(sorted(set(items)))
+
+
 @dataclass
 class EngineArgs:
     dtype: str = "auto"                  # auto | float32 | bfloat16
@@ -19,7 +27,8 @@ class EngineArgs:
     max_wait_ms: float = 0.0             # dynamic batching window; 0 = off
     max_model_len: int | None = None     # default: the model's max_position_embeddings
     num_threads: int | None = None       # torch intra-op threads (CPU)
-    compile: bool = False                # torch.compile the models' dispatch-bound kernels
+    compile: bool = False                # static-graph decode (torch.compile per batch bucket) + compiled mHC
+    compile_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)   # decode batch buckets compiled (compile=True)
     quantization: str | None = None      # int8 (weight-only) | w8a8 (+ dynamic int8 activations); in place
     kv_cache_dtype: str = "auto"         # latent/KV + index-key pools: auto (model dtype) | bfloat16 | int8
     index_topk: int | None = None        # sparse-attention selection size, overriding the config's
@@ -52,6 +61,7 @@ class EngineArgs:
         if self.scheduler == "static" and self.max_wait_ms:
             raise ValueError("max_wait_ms (the dynamic batching window) is a continuous-scheduler option; "
                              "scheduler='static' forms each batch from what is waiting when the last one ends")
+        self.compile_sizes = check_sizes(self.compile_sizes)
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ValueError(f"dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
         for name in ("page_size", "max_num_seqs", "max_num_batched_tokens"):

@@ -3,6 +3,7 @@ engine both drive it."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -12,11 +13,13 @@ import torch
 from ..cache_spec import cache_spec, chunk_multiple
 from ..models.dsa_attention import check_index_topk
 from ..models.loader import auto_cpu_dtype_choice
+from ..models.protocol import CausalLM, Compilable
 from ..models.quantize import Int8Embedding, quantize, weight_bytes
 from .cache.fingerprint import weights_fingerprint
 from .cache.manager import CacheManager, plan_cache
-from .detokenizer import IncrementalDetokenizer
+from .compiled_decode import CompiledDecode, cuda_graph_mode
 from .engine_args import EngineArgs
+from .info import EngineInfo
 from .outputs import RequestOutput
 from .request import Request, Status
 from .runner import ModelRunner
@@ -24,17 +27,9 @@ from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .static_scheduler import StaticScheduler
 from .step_log import StepLog, StepRecord
+from .stop_checker import StopChecker
 
 log = logging.getLogger("flashlane.engine")
-
-
-def _stop_prefix_len(text: str, start: int, stops: list[str]) -> int:
-    """Length of the longest tail of ``text[start:]`` that is a proper prefix of a stop string."""
-    for n in range(min(len(text) - start, max(len(s) for s in stops) - 1), 0, -1):
-        tail = text[len(text) - n:]
-        if any(s.startswith(tail) for s in stops):
-            return n
-    return 0
 
 
 def _model_dtype(model) -> torch.dtype:
@@ -56,10 +51,12 @@ class LLMEngine:
             model = load_model(model, dtype=args.dtype, seed=args.seed, device=args.device,
                                require_tokenizer=not args.skip_tokenizer_init)
         self.loaded = model
-        self.model = model.model
+        if not isinstance(model.model, CausalLM):
+            raise TypeError(f"{type(model.model).__name__} is not a CausalLM (forward(batch), compute_logits(hidden))")
+        self.model: CausalLM = model.model
         self.dtype = _model_dtype(self.model)
         self.quant = quantize(self.model, args.quantization, device=args.device) if args.quantization else None
-        if hasattr(self.model, "set_compile"):
+        if isinstance(self.model, Compilable):
             self.model.set_compile(args.compile)
         self.config = model.config
         if args.index_topk is not None:
@@ -91,36 +88,51 @@ class LLMEngine:
         else:
             self.scheduler = Scheduler(self.cache, max_running, args.max_num_batched_tokens, granularity,
                                        args.max_wait_ms)
-        self.runner = ModelRunner(self.model, self.cache, args.seed, args.index_topk)
+        compiled = None
+        if args.compile:
+            topk = index_topk or 0
+            compiled = CompiledDecode(self.model, self.cache.tensors,
+                                      [b for b in args.compile_sizes if b < max_running] + [min(
+                                          max_running, args.compile_sizes[-1])],
+                                      args.index_topk, min_width=-(-topk // spec.page_size),
+                                      mode=cuda_graph_mode(args.device))
+        self.runner = ModelRunner(self.model, self.cache, args.seed, args.index_topk, compiled)
         self.requests: dict[str, Request] = {}
-        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self.stop_checker = StopChecker(self.tokenizer, self.max_model_len)
         self.step_stats = StepLog(args.step_log_size)
         self._num_steps = 0
         self.counters: Counter = Counter()
         self.finish_reasons: Counter = Counter()
-        self.startup = {
-            "model": self.model_name, "arch": self.config.arch, "dtype": str(self.dtype).replace("torch.", ""),
-            "page_size": spec.page_size, "num_pages": plan.num_pages, "num_tokens": plan.num_tokens,
-            "num_state_slots": plan.num_slots, "bytes_per_page": plan.bytes_per_page,
-            "bytes_per_slot": plan.bytes_per_slot, "cache_bytes": self.cache.tensors.nbytes(),
-            "latent_bytes_per_token": spec.latent_bytes_per_token(self._dtype_name()),
-            "index_bytes_per_token": spec.index_bytes_per_token(self._dtype_name()),
-            "kv_cache_dtype": spec.kv_dtype_name(self._dtype_name()),
-            "pool_bytes_per_token": spec.page_bytes_per_token(self._dtype_name()),
-            "index_topk": index_topk, "config_index_topk": self.config.index_topk if has_indexer else None,
-            "max_running": max_running, "max_model_len": self.max_model_len,
-            "prefix_caching": args.enable_prefix_caching, "num_checkpoints": plan.num_checkpoints,
-            "bytes_per_checkpoint": plan.bytes_per_slot if plan.num_checkpoints else 0,
-            "host_cache_bytes": args.host_cache_memory if args.enable_prefix_caching else 0,
-            "disk_cache_dir": args.disk_cache_dir, "disk_cache_bytes": args.disk_cache_bytes,
-            "scheduler": args.scheduler,
-            "static_batch_size": args.static_batch_size if args.scheduler == "static" else None,
-            "weight_bytes": weight_bytes(self.model), "quantization": self._quant_report(),
-            "dtype_reason": (auto_cpu_dtype_choice().why if args.dtype == "auto" and loaded_here
-                             and torch.device(args.device).type == "cpu" else None),
-        }
+        dtype_name = self._dtype_name()
+        self.info = EngineInfo(
+            model=self.model_name, arch=self.config.arch, dtype=str(self.dtype).replace("torch.", ""),
+            vocab_size=self.config.vocab_size, max_model_len=self.max_model_len, max_running=max_running,
+            page_size=spec.page_size, num_pages=plan.num_pages, num_tokens=plan.num_tokens,
+            num_state_slots=plan.num_slots, bytes_per_page=plan.bytes_per_page,
+            bytes_per_slot=plan.bytes_per_slot, cache_bytes=self.cache.tensors.nbytes(),
+            latent_bytes_per_token=spec.latent_bytes_per_token(dtype_name),
+            index_bytes_per_token=spec.index_bytes_per_token(dtype_name),
+            kv_cache_dtype=spec.kv_dtype_name(dtype_name),
+            pool_bytes_per_token=spec.page_bytes_per_token(dtype_name),
+            index_topk=index_topk, config_index_topk=self.config.index_topk if has_indexer else None,
+            prefix_caching=args.enable_prefix_caching, num_checkpoints=plan.num_checkpoints,
+            bytes_per_checkpoint=plan.bytes_per_slot if plan.num_checkpoints else 0,
+            host_cache_bytes=args.host_cache_memory if args.enable_prefix_caching else 0,
+            disk_cache_dir=args.disk_cache_dir, disk_cache_bytes=args.disk_cache_bytes,
+            scheduler=args.scheduler,
+            static_batch_size=args.static_batch_size if args.scheduler == "static" else None,
+            weight_bytes=weight_bytes(self.model), quantization=self._quant_report(),
+            quantization_summary="no quantization" if self.quant is None else self.quant.describe(),
+            dtype_reason=(auto_cpu_dtype_choice().why if args.dtype == "auto" and loaded_here
+                          and torch.device(args.device).type == "cpu" else None),
+        )
         log.info(self.describe_weights())
         log.info(self.describe_cache())
+        if compiled is not None:
+            w = compiled.warm_up()
+            self.info = dataclasses.replace(self.info, compiled_decode={
+                "sizes": list(w.sizes), "warmup_s": round(w.seconds, 2), "cache_dir": w.cache_dir})
+            log.info(self.info.describe_compile())
         if args.compile:
             self._warm_up()
 
@@ -152,38 +164,16 @@ class LLMEngine:
                 "head": q.head, "embeddings": q.embeddings, "bytes_before": q.bytes_before, "bytes_after": q.bytes_after,
                 "kernels": q.plan.by_class(), "why": q.plan.why}
 
+    @property
+    def startup(self) -> dict:
+        """The start-up report as a dict (``EngineInfo.report()``), for callers that index it."""
+        return self.info.report()
+
     def describe_weights(self) -> str:
-        """One line for the startup log: the weights' dtype (and why, for "auto"), their bytes as
-        held, and what was quantised with which kernels."""
-        s = self.startup
-        line = f"weights {s['weight_bytes'] / 2**20:.1f} MiB {s['dtype']}"
-        if s["dtype_reason"]:
-            line += f" (dtype auto: {s['dtype_reason']})"
-        return line + "; " + ("no quantization" if self.quant is None else self.quant.describe())
+        return self.info.describe_weights()
 
     def describe_cache(self) -> str:
-        """One line for the startup log: what the pre-allocated pools hold and allow."""
-        s = self.startup
-        pools = " + ".join(f"{name} {b:g}" for name, b in s["pool_bytes_per_token"].items())
-        topk = "" if s["index_topk"] is None else (
-            f"index_topk={s['index_topk']} (config {s['config_index_topk']}); ")
-        return (f"cache {s['cache_bytes'] / 2**20:.1f} MiB, model {s['dtype']}, kv {s['kv_cache_dtype']}: "
-                f"{s['num_pages']} pages x {s['page_size']} = {s['num_tokens']} tokens ({pools} = "
-                f"{sum(s['pool_bytes_per_token'].values()):g} B/token), {s['num_state_slots']} state slots "
-                f"x {s['bytes_per_slot']} B; max_running={s['max_running']}, max_model_len={s['max_model_len']}; "
-                + topk + self._describe_prefix_cache())
-
-    def _describe_prefix_cache(self) -> str:
-        s = self.startup
-        if not s["prefix_caching"]:
-            return "prefix cache off"
-        parts = [f"prefix cache on: {s['num_checkpoints']} checkpoints x {s['bytes_per_checkpoint']} B"]
-        if s["host_cache_bytes"]:
-            parts.append(f"host tier {s['host_cache_bytes'] / 2**20:.1f} MiB")
-        if s["disk_cache_dir"]:
-            size = "unbounded" if s["disk_cache_bytes"] is None else f"{s['disk_cache_bytes'] / 2**20:.1f} MiB"
-            parts.append(f"disk tier {size} at {s['disk_cache_dir']}")
-        return ", ".join(parts)
+        return self.info.describe_cache()
 
     def _dtype_name(self) -> str:
         return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[self.dtype]
@@ -224,8 +214,7 @@ class LLMEngine:
         if isinstance(prompt, str):
             req.prompt = prompt
         self.requests[request_id] = req
-        self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens,
-                                                         params.spaces_between_special_tokens)
+        self.stop_checker.add(req)
         self.scheduler.add(req)
         self.counters["requests_added"] += 1
         return req
@@ -259,26 +248,11 @@ class LLMEngine:
         model_start = time.monotonic()
         results = self.runner.run(sched)
         now = time.monotonic()
-        model_s = now - model_start
-        outputs = []
-        prefill_tokens = decode_seqs = 0
-        for s, res in zip(sched.seqs, results):
-            req = s.req
-            prefill = s.num_new > 1 or not req.output_token_ids
-            if prefill:
-                prefill_tokens += s.num_new
-            else:
-                decode_seqs += 1
-            before = req.num_computed_tokens
-            req.num_computed_tokens += s.num_new
-            self.cache.commit(req, before, prefill)
-            if res.prompt_logprobs:
-                req.prompt_logprobs.extend(res.prompt_logprobs)
-            if res.token is None:
-                continue
-            outputs.append(self._append_token(req, res.token, res.logprobs, now))
-        self._record_step(sched, wall_start, start, model_s, prefill_tokens, decode_seqs)
-        self.counters["prompt_tokens"] += prefill_tokens
+        progress = self.scheduler.update_from_output(sched, results)
+        outputs = [self._append_token(req, res.token, res.logprobs, now) for req, res in progress.sampled]
+        self._record_step(sched, wall_start, start, now - model_start, progress.prefill_tokens,
+                          progress.decode_seqs)
+        self.counters["prompt_tokens"] += progress.prefill_tokens
         return outputs
 
     def _record_step(self, sched, wall_start: float, start: float, model_s: float, prefill_tokens: int,
@@ -294,40 +268,11 @@ class LLMEngine:
             request_ids=tuple(s.req.request_id for s in sched.seqs)))
 
     def _append_token(self, req: Request, token: int, logprobs, now: float) -> RequestOutput:
-        req.output_token_ids.append(token)
-        if req.logprobs is not None:
-            req.logprobs.append(logprobs)
-        if req.metrics.first_token_time is None:
-            req.metrics.first_token_time = now
-        req.metrics.token_times.append(now)
         self.counters["generation_tokens"] += 1
-        reason, stop = None, None
-        if token in req.stop_token_ids:
-            reason, stop = "stop", token
-        elif len(req.output_token_ids) >= req.max_tokens or req.num_tokens >= self.max_model_len:
-            reason = "length"
-        delta = self._detok[req.request_id].step(req.output_token_ids, final=reason is not None)
-        if token in req.stop_token_ids:
-            delta = ""  # the stop token's own text is not part of the completion (vLLM)
-        if req.params.stop and (delta or req.held):
-            before = len(req.text)
-            text = req.text + req.held + delta
-            horizon = max(0, before - max(len(s) for s in req.params.stop) + 1)
-            hits = [(text.find(s, horizon), s) for s in req.params.stop]
-            hits = [(i, s) for i, s in hits if i >= 0]
-            if hits:
-                i, s = min(hits)
-                delta = text[before:i] if i >= before else ""
-                req.text, req.held = text[:i], ""
-                reason, stop = "stop", s
-                return self._finish(req, reason, now, stop, delta, [token])
-            # a streamed delta cannot be taken back: hold a tail that may still grow into a stop
-            hold = 0 if reason is not None else _stop_prefix_len(text, before, req.params.stop)
-            delta, req.held = text[before:len(text) - hold], text[len(text) - hold:]
-        req.text += delta
-        if reason is not None:
-            return self._finish(req, reason, now, stop, delta, [token])
-        return self._output(req, delta, [token])
+        update = self.stop_checker.append(req, token, logprobs, now)
+        if update.finish_reason is not None:
+            return self._finish(req, update.finish_reason, now, update.stop_reason, update.delta, [token])
+        return self._output(req, update.delta, [token])
 
     def _finish(self, req: Request, reason: str, now: float, stop=None, delta: str = "",
                 delta_ids: list[int] | None = None) -> RequestOutput:
@@ -338,7 +283,7 @@ class LLMEngine:
         req.stop_reason = stop
         req.metrics.finish_time = now
         self.finish_reasons[reason] += 1
-        self._detok.pop(req.request_id, None)
+        self.stop_checker.remove(req.request_id)
         out = self._output(req, delta, delta_ids or [])
         del self.requests[req.request_id]
         return out

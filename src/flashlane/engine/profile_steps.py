@@ -35,16 +35,16 @@ def _check(engine: LLMEngine, batch: int, context: int, steps: int, prefill_toke
     for name, v in (("batch", batch), ("context", context), ("steps", steps), ("prefill_tokens", prefill_tokens)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-    if batch > engine.startup["max_running"]:
-        raise ValueError(f"batch {batch} exceeds what the engine runs at once ({engine.startup['max_running']}: "
+    if batch > engine.info.max_running:
+        raise ValueError(f"batch {batch} exceeds what the engine runs at once ({engine.info.max_running}: "
                          "raise max_num_seqs or the cache memory)")
     longest = context + WARMUP_STEPS + 2 * steps + 1
     if longest > engine.max_model_len:
         raise ValueError(f"context {context} plus {longest - context} profiled tokens exceeds max_model_len "
                          f"{engine.max_model_len}")
-    if batch * longest > engine.startup["num_tokens"]:
+    if batch * longest > engine.info.num_tokens:
         raise ValueError(f"batch {batch} x {longest} tokens does not fit the cache "
-                         f"({engine.startup['num_tokens']} tokens): lower batch or context, or raise the cache memory")
+                         f"({engine.info.num_tokens} tokens): lower batch or context, or raise the cache memory")
     if prefill_tokens >= engine.max_model_len:
         raise ValueError(f"prefill_tokens {prefill_tokens} must be below max_model_len {engine.max_model_len}")
 
@@ -113,7 +113,7 @@ def profile_steps(engine: LLMEngine, batch: int, context: int, steps: int, prefi
     traces["prefill"] = str(write_trace(prof, out / "trace_prefill.json"))
 
     result = {
-        "model": engine.model_name, "arch": engine.config.arch, "dtype": engine.startup["dtype"],
+        "model": engine.model_name, "arch": engine.config.arch, "dtype": engine.info.dtype,
         "batch": batch, "context": context, "steps": steps, "prefill_tokens": prefill_tokens,
         "compile": engine.args.compile, "quantization": engine.args.quantization,
         "machine": machine_info(), "decode": decode, "prefill": prefill, "traces": traces,

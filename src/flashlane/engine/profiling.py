@@ -16,6 +16,9 @@ torch.profiler records).
 
 from __future__ import annotations
 
+import itertools
+import json
+import time
 from pathlib import Path
 
 import torch
@@ -131,4 +134,21 @@ def write_trace(prof: profile, path: str | Path) -> Path:
     return path
 
 
-__all__ = ["CATEGORIES", "StepProfiler", "breakdown", "per_unit", "write_trace"]
+_window_numbers = itertools.count()
+
+
+def write_window(prof: profile, directory: str | Path) -> dict:
+    """A closed live window into ``directory``: the trace and its per-layer-type summary beside
+    it; returns both paths with the summary's headline numbers."""
+    directory = Path(directory)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    stem = f"flashlane-{stamp}-{next(_window_numbers)}"
+    trace = write_trace(prof, directory / f"{stem}.trace.json")
+    summary = per_unit(breakdown(prof.events()))
+    summary_path = directory / f"{stem}.profile.json"
+    summary_path.write_text(json.dumps(summary, indent=2))
+    return {"trace": str(trace), "summary": str(summary_path), "steps": summary["steps"],
+            "ms_per_step": summary["ms"], "ms_between_steps": summary["between_steps_ms"]}
+
+
+__all__ = ["CATEGORIES", "StepProfiler", "breakdown", "per_unit", "write_trace", "write_window"]

@@ -10,6 +10,7 @@ from ..kernels.profiling import profiling_range
 from ..kernels.sampling import sample, topk_logprobs
 from ..models.forward_batch import ForwardBatch
 from .cache.manager import CacheManager
+from .compiled_decode import CompiledDecode
 from .scheduler import SchedulerOutput
 
 
@@ -21,15 +22,20 @@ class SeqResult:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, cache: CacheManager, seed: int = 0, index_topk: int | None = None):
+    def __init__(self, model: torch.nn.Module, cache: CacheManager, seed: int = 0, index_topk: int | None = None,
+                 compiled: CompiledDecode | None = None):
         self.index_topk = index_topk      # the engine's sparse-attention override (None: the config's)
         self.model = model
         self.cache = cache
+        self.compiled = compiled          # static-graph decode buckets (None: always eager)
         self.generator = torch.Generator().manual_seed(seed)
 
     @torch.inference_mode()
     def run(self, sched: SchedulerOutput) -> list[SeqResult]:
         seqs = sched.seqs
+        if (self.compiled is not None and len(seqs) <= self.compiled.max_size
+                and all(s.num_new == 1 for s in seqs)):
+            return self._run_compiled(seqs)
         new_tokens, starts, tables, slots = [], [], [], []
         for s in seqs:
             c = s.req.num_computed_tokens
@@ -41,6 +47,14 @@ class ModelRunner:
         hidden = self.model(batch)
         with profiling_range("sampling"):
             return self._sample(seqs, starts, batch.cu_q.tolist(), hidden)
+
+    def _run_compiled(self, seqs) -> list[SeqResult]:
+        starts = [s.req.num_computed_tokens for s in seqs]
+        batch = self.compiled.batch([s.req.all_token_ids[c] for s, c in zip(seqs, starts)], starts,
+                                    [s.req.pages for s in seqs], [s.req.slot for s in seqs])
+        hidden = self.compiled.run(batch)
+        with profiling_range("sampling"):
+            return self._sample(seqs, starts, list(range(len(seqs) + 1)), hidden)
 
     def _sample(self, seqs, starts: list[int], cu: list[int], hidden: torch.Tensor) -> list[SeqResult]:
         # rows whose logits we need: the last token of sampling sequences, and prompt positions

@@ -51,6 +51,14 @@ class SchedulerOutput:
         return not self.seqs
 
 
+@dataclass
+class StepProgress:
+    """What a finished step did to the scheduled requests (see ``Scheduler.update_from_output``)."""
+    sampled: list[tuple[Request, object]] = field(default_factory=list)  # (request, its SeqResult with a token)
+    prefill_tokens: int = 0
+    decode_seqs: int = 0
+
+
 class Scheduler:
     def __init__(self, cache: CacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  chunk_multiple: int, max_wait_ms: float = 0.0):
@@ -163,6 +171,28 @@ class Scheduler:
         if loading and out.empty:
             out.wake_at = now + 0.002
         return out
+
+    # ---- after a step ---------------------------------------------------------------------------
+    def update_from_output(self, sched: SchedulerOutput, results) -> StepProgress:
+        """Advance every scheduled request past the tokens the step computed (their cache rows
+        are committed: full pages registered, checkpoints taken) and collect those that sampled
+        a token. ``results``: the runner's per-sequence results, in ``sched.seqs`` order."""
+        progress = StepProgress()
+        for s, res in zip(sched.seqs, results):
+            req = s.req
+            prefill = s.num_new > 1 or not req.output_token_ids
+            if prefill:
+                progress.prefill_tokens += s.num_new
+            else:
+                progress.decode_seqs += 1
+            before = req.num_computed_tokens
+            req.num_computed_tokens += s.num_new
+            self.cache.commit(req, before, prefill)
+            if res.prompt_logprobs:
+                req.prompt_logprobs.extend(res.prompt_logprobs)
+            if res.token is not None:
+                progress.sampled.append((req, res))
+        return progress
 
     def _hold_admission(self, now: float, budget: int) -> bool:
         if self.max_wait_s <= 0:

@@ -76,6 +76,15 @@ class StepLog:
             recs = recs[bisect_right(recs, ts, key=lambda r: r.end):]
         return recs if limit is None else recs[:limit]
 
+    def page(self, ts: float | None, limit: int, with_ids: bool) -> dict:
+        """Up to ``limit`` records that end after ``ts`` as JSON, with the ring's bookkeeping
+        (``more``: further records follow; ``dropped``: records already overwritten)."""
+        recs = self.since(ts, limit + 1)
+        oldest = self.oldest()
+        return {"capacity": self.maxlen, "total": self.total, "dropped": self.total - len(self),
+                "oldest_start": oldest.start if oldest else None, "more": len(recs) > limit,
+                "steps": [r.to_json(with_ids) for r in recs[:limit]]}
+
     def oldest(self) -> StepRecord | None:
         with self._lock:
             return self._records[0] if self._records else None

@@ -58,23 +58,23 @@ def write_index_keys(index_keys: torch.Tensor, keys: torch.Tensor, *, slot_mappi
     start = start_of_seq[seq]
     packed = torch.cat([keys, gates], dim=-1).to(tail.dtype)                     # [N, 2D]
 
+    # Branch-free, so a compiled decode step has no data-dependent shapes: every token computes
+    # its pool's key, and rows that complete no pool (or are not pending) write to row/slot 0 of
+    # the null page/slot, which nothing reads.
     done = (positions % kpool) == kpool - 1                                      # pool completed
-    if bool(done.any()):
-        idx = done.nonzero().squeeze(-1)
-        member = torch.arange(kpool, device=keys.device)
-        member_pos = (positions[idx] // kpool * kpool)[:, None] + member          # [M, P]
-        from_new = member_pos >= start[idx, None]
-        # new tokens of a sequence are contiguous and ascending in the flat batch
-        new_src = (idx[:, None] - (positions[idx, None] - member_pos)).clamp(min=0)
-        pool = torch.where(from_new[..., None], packed[new_src], tail[slot[idx, None], member])  # [M, P, 2D]
-        pooled = pool_keys(pool[..., :d], pool[..., d:], ape)
-        rows = pooled_rows(block_tables, seq[idx], positions[idx] // kpool, page_size, kpool)
-        write_rows(index_keys, key_scale, rows, pooled)
+    member = torch.arange(kpool, device=keys.device)
+    member_pos = (positions // kpool * kpool)[:, None] + member                   # [N, P]
+    from_new = member_pos >= start[:, None]
+    # new tokens of a sequence are contiguous and ascending in the flat batch
+    token = torch.arange(keys.shape[0], device=keys.device)
+    new_src = (token[:, None] - (positions[:, None] - member_pos)).clamp(0, keys.shape[0] - 1)
+    pool = torch.where(from_new[..., None], packed[new_src], tail[slot[:, None], member])  # [N, P, 2D]
+    pooled = pool_keys(pool[..., :d], pool[..., d:], ape)
+    rows = pooled_rows(block_tables, seq, positions // kpool, page_size, kpool)
+    write_rows(index_keys, key_scale, torch.where(done, rows, 0), pooled)
 
-    open_from = ctx_of_seq[seq] // kpool * kpool
-    pending = positions >= open_from
-    if bool(pending.any()):
-        tail[slot[pending], positions[pending] % kpool] = packed[pending]
+    pending = positions >= ctx_of_seq[seq] // kpool * kpool
+    tail[torch.where(pending, slot, 0), positions % kpool] = packed
 
 
 def _score_pools(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, scale: float) -> torch.Tensor:
@@ -93,7 +93,8 @@ def _select_group(q, w, keys, visible_pools, query_pos, *, topk, kpool, select_t
     n_sel = min(topk // kpool, m)
     parts = []
     if n_sel > 0:
-        chunk = max(1, _SCORE_BLOCK // max(1, g * q.shape[2] * m))
+        # one query per sequence (decode) is never chunked: its block size need not be known
+        chunk = 1 if s == 1 else max(1, _SCORE_BLOCK // max(1, g * q.shape[2] * m))
         picks = []
         for a in range(0, s, chunk):
             scores = _score_pools(q[:, a:a + chunk], w[:, a:a + chunk], keys, scale)
@@ -113,6 +114,25 @@ def _select_group(q, w, keys, visible_pools, query_pos, *, topk, kpool, select_t
         tail = (visible - r)[..., None] + j
         parts.append(tail.masked_fill(j >= r[..., None], -1))
     return torch.cat(parts, dim=-1)
+
+
+def select_positions_decode(q: torch.Tensor, w: torch.Tensor, index_keys: torch.Tensor, *,
+                            positions: torch.Tensor, block_tables: torch.Tensor, page_size: int, topk: int,
+                            kpool: int = 1, always_select_tail: bool = False, scale: float | None = None,
+                            key_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``select_positions`` for one query per sequence (row b of every tensor is sequence b), with
+    every pool the block table can address scored (those past a query's position masked), so
+    the shapes depend only on the table's width: what a compiled decode step needs."""
+    if topk % kpool:
+        raise ValueError(f"index_topk ({topk}) must be a multiple of index_kpool ({kpool})")
+    n, h, d = q.shape
+    m = block_tables.shape[1] * page_size // kpool
+    pools = torch.arange(m, device=q.device).expand(n, m)
+    rows = pooled_rows(block_tables, torch.arange(n, device=q.device), pools, page_size, kpool)
+    keys = gather_rows(index_keys, key_scale, rows, torch.float32)
+    pos = positions[:, None]
+    return _select_group(q[:, None], w[:, None], keys, (pos + 1) // kpool, pos, topk=topk, kpool=kpool,
+                         select_tail=always_select_tail, scale=d ** -0.5 if scale is None else scale)[:, 0]
 
 
 def select_positions(q: torch.Tensor, w: torch.Tensor, index_keys: torch.Tensor, *,

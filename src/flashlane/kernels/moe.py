@@ -52,6 +52,9 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                     swiglu_limit: float | None = None) -> torch.Tensor:
     """Weighted sum of the chosen experts: x [N, H], weights/ids [N, k], gate_up [E, 2I, H]
     (gate rows first), down [E, H, I] -> [N, H] in x's dtype."""
+    if torch.compiler.is_compiling():
+        return experts_fixed_shape(x, weights, ids, gate_up, down, swiglu_limit)
+
     def expert(e: int, xs: torch.Tensor) -> torch.Tensor:
         gate, up = F.linear(xs, gate_up[e]).chunk(2, dim=-1)
         return F.linear(swiglu(gate, up, swiglu_limit), down[e])
@@ -65,6 +68,8 @@ def grouped_experts_int8(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tens
     """``grouped_experts`` on int8 experts: gate_up_q [E, 2I, H] / down_q [E, H, I] int8 with
     per-expert, per-row fp32 scales [E, 2I] / [E, H]; ``linear(x, q, scale)`` is the int8 matmul
     run for each active expert (default: the weight-only packed kernel)."""
+    if torch.compiler.is_compiling():
+        return experts_fixed_shape(x, weights, ids, gate_up_q, down_q, swiglu_limit, gate_up_scale, down_scale)
     linear = linear or int8_linear
 
     def expert(e: int, xs: torch.Tensor) -> torch.Tensor:
@@ -91,3 +96,39 @@ def _dispatch(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, num_exp
         at += c
     weighted = (ys * weights.reshape(-1)[order, None]).to(x.dtype)
     return torch.zeros_like(x).index_add_(0, token, weighted)
+
+
+def experts_fixed_shape(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
+                        down: torch.Tensor, swiglu_limit: float | None = None,
+                        gate_up_scale: torch.Tensor | None = None,
+                        down_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``grouped_experts`` without the host sync on per-expert counts, so a compiled step has no
+    data-dependent shapes. With fewer (token, choice) pairs than experts each pair gathers its
+    expert's weights (decode: only the chosen experts are read); otherwise every expert runs on
+    every token and unchosen ones are weighted by zero (all experts are read once). int8
+    experts (with their row scales) are multiplied in bf16, like the weight-only int8 kernels.
+    """
+    n, k = ids.shape
+    num_experts = gate_up.shape[0]
+    int8 = gate_up_scale is not None
+    dtype = torch.bfloat16 if int8 else x.dtype
+    xs = x.to(dtype)
+    if n * k < num_experts:
+        flat = ids.reshape(-1)
+        h = torch.bmm(xs.repeat_interleave(k, 0)[:, None], gate_up[flat].to(dtype).transpose(1, 2))[:, 0]
+        if int8:
+            h = h * gate_up_scale[flat].to(dtype)
+        gate, up = h.chunk(2, dim=-1)
+        y = torch.bmm(swiglu(gate, up, swiglu_limit)[:, None], down[flat].to(dtype).transpose(1, 2))[:, 0]
+        if int8:
+            y = y * down_scale[flat].to(dtype)
+        return (y.view(n, k, -1) * weights[..., None]).sum(1).to(x.dtype)
+    h = torch.matmul(xs[None], gate_up.to(dtype).transpose(1, 2))                 # [E, N, 2I]
+    if int8:
+        h = h * gate_up_scale[:, None].to(dtype)
+    gate, up = h.chunk(2, dim=-1)
+    y = torch.matmul(swiglu(gate, up, swiglu_limit), down.to(dtype).transpose(1, 2))   # [E, N, H]
+    if int8:
+        y = y * down_scale[:, None].to(dtype)
+    dense = torch.zeros(n, num_experts, dtype=weights.dtype, device=x.device).scatter(1, ids, weights)
+    return (y * dense.t()[..., None]).sum(0).to(x.dtype)

@@ -71,7 +71,7 @@ class _Range:
 
 def profiling_range(name: str):
     """A named range while profiling is on, else a shared no-op context manager."""
-    return _Range(name) if _enabled else _NULL
+    return _Range(name) if _enabled and not torch.compiler.is_compiling() else _NULL
 
 
 set_profiling(os.environ.get("FLASHLANE_PROFILE_RANGES", "") not in ("", "0"))

@@ -60,10 +60,23 @@ def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
         return int8_linear_dequant(x, qweight, scale, bias)
     flat = _flat(x).to(torch.bfloat16)
     if flat.device.type == "cpu":
-        out = torch.ops.aten._weight_int8pack_mm(flat, qweight, scale.to(torch.bfloat16))
+        mm = _int8pack_mm_opaque if torch.compiler.is_compiling() else torch.ops.aten._weight_int8pack_mm
+        out = mm(flat, qweight, scale.to(torch.bfloat16))
     else:
         out = (flat @ qweight.to(torch.bfloat16).t()) * scale.to(torch.bfloat16)
     return _finish(out, x, qweight.shape[0], bias)
+
+
+@torch.library.custom_op("flashlane::weight_int8pack_mm", mutates_args=())
+def _int8pack_mm_opaque(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The packed kernel as an op Inductor calls as it is (its own lowering of
+    ``_weight_int8pack_mm`` fails on a symbolic row count in torch 2.13)."""
+    return torch.ops.aten._weight_int8pack_mm(x, qweight, scale)
+
+
+@_int8pack_mm_opaque.register_fake
+def _(x, qweight, scale):
+    return x.new_empty(x.shape[0], qweight.shape[0])
 
 
 def int8_linear_dequant(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,

@@ -31,6 +31,9 @@ class RopeCache:
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """fp32 ``(cos, sin)``, each ``[*positions.shape, dim // 2]``."""
+        if torch.compiler.is_compiling():   # no host sync on the largest position inside a graph
+            freqs = positions.float()[..., None] * self.inv_freq.to(positions.device)
+            return freqs.cos(), freqs.sin()
         if positions.numel() == 0:
             empty = torch.empty(*positions.shape, self.dim // 2, device=positions.device)
             return empty, empty

@@ -30,15 +30,22 @@ def sparse_mla_attention(q_latent: torch.Tensor, q_rope: torch.Tensor | None, la
     q = q_latent if q_rope is None or q_rope.shape[-1] == 0 else torch.cat([q_latent, q_rope], dim=-1)
     if q.shape[-1] != latent.shape[-1]:
         raise ValueError(f"query width {q.shape[-1]} does not match latent row width {latent.shape[-1]}")
-    out = q_latent.new_empty(n, h, c)
     block = max(1, _GATHER_BLOCK // max(1, k * latent.shape[-1]))
+    if n <= block:    # one block (every decode step): no loop over a possibly symbolic n
+        return _attend(q, latent, latent_scale, selection, block_tables, seq_of_token, page_size, scale, c)
+    out = q_latent.new_empty(n, h, c)
     for a in range(0, n, block):
-        sel = selection[a:a + block]
-        rows = paged_rows(block_tables, seq_of_token[a:a + block], sel, page_size)
-        kv = gather_rows(latent, latent_scale, rows, q.dtype)
-        scores = torch.matmul(q[a:a + block], kv.transpose(1, 2)) * scale           # [n, H, K]
-        scores = scores.float().masked_fill((sel < 0)[:, None, :], float("-inf"))
-        prob = torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0).to(q.dtype)
-        out[a:a + block] = torch.matmul(prob, kv[..., :c])
+        out[a:a + block] = _attend(q[a:a + block], latent, latent_scale, selection[a:a + block], block_tables,
+                                   seq_of_token[a:a + block], page_size, scale, c)
     return out
+
+
+def _attend(q, latent, latent_scale, sel, block_tables, seq_of_token, page_size: int, scale: float,
+            c: int) -> torch.Tensor:
+    rows = paged_rows(block_tables, seq_of_token, sel, page_size)
+    kv = gather_rows(latent, latent_scale, rows, q.dtype)
+    scores = torch.matmul(q, kv.transpose(1, 2)) * scale                               # [n, H, K]
+    scores = scores.float().masked_fill((sel < 0)[:, None, :], float("-inf"))
+    prob = torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0).to(q.dtype)
+    return torch.matmul(prob, kv[..., :c])
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
-from ..kernels.indexer import select_positions, write_index_keys
+from ..kernels.indexer import select_positions, select_positions_decode, write_index_keys
 from ..kernels.kv_store import write_rows
 from ..kernels.profiling import profiling_range
 from ..kernels.rope import RopeCache, apply_rope
@@ -60,26 +60,32 @@ class Indexer(KeepFp32):
         n = x.shape[0]
         cache, spec = batch.cache, batch.cache.spec
         row = spec.index_row_of[self.layer_id]
-        key_scale = None if cache.index_keys_scale is None else cache.index_keys_scale[row]
+        key_scale = cache.layer("index_keys_scale", row)
         q = _rope_front(self.wq_b(cq).view(n, self.n_heads, self.head_dim), self.rope_dim, cos_sin)
         k = _rope_front(self.k_norm(self.wk(x)), self.rope_dim, cos_sin)
         w = self.weights_proj(x.to(self.weights_proj.weight.dtype)).float() * self.n_heads ** -0.5
         if self.kpool == 1:
-            write_index_keys(cache.index_keys[row], k, slot_mapping=batch.slot_mapping, page_size=spec.page_size,
+            write_index_keys(cache.layer("index_keys", row), k, slot_mapping=batch.slot_mapping, page_size=spec.page_size,
                              key_scale=key_scale)
         else:
             q_lens = batch.cu_q[1:] - batch.cu_q[:-1]
             write_index_keys(
-                cache.index_keys[row], k, slot_mapping=batch.slot_mapping, page_size=spec.page_size,
+                cache.layer("index_keys", row), k, slot_mapping=batch.slot_mapping, page_size=spec.page_size,
                 kpool=self.kpool, gates=F.linear(x, self.index_kpool_compress_gate),
-                ape=self.index_kpool_compress_ape, tail=cache.index_tail[row], positions=batch.positions,
+                ape=self.index_kpool_compress_ape, tail=cache.layer("index_tail", row), positions=batch.positions,
                 seq_of_token=batch.seq_of_token, start_of_seq=batch.ctx_lens_t - q_lens,
                 ctx_of_seq=batch.ctx_lens_t, block_tables=batch.block_tables, state_slots=batch.state_slots,
                 key_scale=key_scale)
+        topk = batch.index_topk or self.topk
+        if batch.static:
+            return select_positions_decode(
+                q, w, cache.layer("index_keys", row), positions=batch.positions, block_tables=batch.block_tables,
+                page_size=spec.page_size, topk=topk, kpool=self.kpool, always_select_tail=self.always_select_tail,
+                key_scale=key_scale)
         return select_positions(
-            q, w, cache.index_keys[row], positions=batch.positions, q_lens=batch.q_lens,
+            q, w, cache.layer("index_keys", row), positions=batch.positions, q_lens=batch.q_lens,
             ctx_lens=batch.ctx_lens, block_tables=batch.block_tables, page_size=spec.page_size,
-            topk=batch.index_topk or self.topk, kpool=self.kpool, always_select_tail=self.always_select_tail,
+            topk=topk, kpool=self.kpool, always_select_tail=self.always_select_tail,
             key_scale=key_scale)
 
 
@@ -125,8 +131,8 @@ class DSAAttention(nn.Module):
             q_rope, k_rope = apply_rope(q_rope, *cos_sin), apply_rope(k_rope, *cos_sin)
 
         cache, row = batch.cache, spec.latent_row(self.layer_id)
-        latent = cache.latent[row]
-        latent_scale = None if cache.latent_scale is None else cache.latent_scale[row]
+        latent = cache.layer("latent", row)
+        latent_scale = cache.layer("latent_scale", row)
         write_rows(latent, latent_scale, batch.slot_mapping, torch.cat([ckv, k_rope], dim=-1))
 
         if self.indexer is not None:

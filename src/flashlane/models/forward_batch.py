@@ -47,6 +47,17 @@ class CacheTensors:
     conv = property(lambda self: self._get("conv"))
     recurrent = property(lambda self: self._get("recurrent"))
 
+    def __post_init__(self):
+        # Per-layer views, made once. A compiled step takes each one as its own input and writes
+        # it in place; a view it sliced from the stacked pool itself would be written back by
+        # copying the whole pool.
+        self._layers = {name: [t[i] for i in range(t.shape[0])] for name, t in self.pools.items()}
+
+    def layer(self, name: str, row: int) -> torch.Tensor | None:
+        """Row ``row`` (see ``spec``) of pool ``name``, or None when the model has no such pool."""
+        views = self._layers.get(name)
+        return None if views is None else views[row]
+
     @property
     def device(self) -> torch.device:
         return next(iter(self.pools.values())).device if self.pools else torch.device("cpu")
@@ -59,8 +70,8 @@ class CacheTensors:
 class ForwardBatch:
     input_ids: torch.Tensor        # [N] int64
     positions: torch.Tensor        # [N] int64, absolute position within its sequence
-    q_lens: list[int]              # new tokens per sequence
-    ctx_lens: list[int]            # tokens per sequence after this call (cached + new)
+    q_lens: list[int] | None       # new tokens per sequence (None: ``static``)
+    ctx_lens: list[int] | None     # tokens per sequence after this call (cached + new; None: ``static``)
     cu_q: torch.Tensor             # [B + 1] int64
     ctx_lens_t: torch.Tensor       # [B] int64
     block_tables: torch.Tensor     # [B, max_pages] int64, 0-padded
@@ -69,14 +80,18 @@ class ForwardBatch:
     seq_of_token: torch.Tensor     # [N] int64, which sequence each token belongs to
     cache: CacheTensors
     index_topk: int | None = None  # DSA selection size overriding the config's (engine ``index_topk``)
+    # A padded decode batch (``padded_decode``): one token per sequence, row b = sequence b, no
+    # host-side lists (``q_lens``/``ctx_lens`` are None), so a compiled forward sees only tensors
+    # of fixed shapes. Models take their branch-free paths for it.
+    static: bool = False
 
     @property
     def num_seqs(self) -> int:
-        return len(self.q_lens)
+        return self.state_slots.shape[0] if self.static else len(self.q_lens)
 
     @property
     def is_decode(self) -> bool:
-        return all(q == 1 for q in self.q_lens)
+        return self.static or all(q == 1 for q in self.q_lens)
 
     @property
     def start_lens(self) -> list[int]:
@@ -111,4 +126,32 @@ class ForwardBatch:
             input_ids=t(ids), positions=t(pos), q_lens=q_lens, ctx_lens=ctx, cu_q=cu.to(dev),
             ctx_lens_t=t(ctx), block_tables=tables.to(dev), slot_mapping=t(slots),
             state_slots=t(state_slots), seq_of_token=t(owner), cache=cache, index_topk=index_topk,
+        )
+
+    @classmethod
+    def padded_decode(cls, tokens: list[int], positions: list[int], block_tables: list[list[int]],
+                      state_slots: list[int], cache: CacheTensors, size: int, width: int,
+                      index_topk: int | None = None) -> "ForwardBatch":
+        """One new token per sequence at ``positions[b]``, padded to ``size`` sequences and block
+        tables of ``width`` pages. Padding rows are sequences of one token at position 0 on the
+        null page and the null state slot, so whatever they write lands where nothing reads."""
+        n, page = len(tokens), cache.spec.page_size
+        if n > size or any(len(t) > width for t in block_tables):
+            raise ValueError(f"padded_decode: {n} sequences / {max(map(len, block_tables))} pages exceed "
+                             f"the bucket {size} x {width}")
+        tables = torch.zeros(size, width, dtype=torch.long)
+        for b, t in enumerate(block_tables):
+            tables[b, : len(t)] = torch.tensor(t, dtype=torch.long)
+        pad = size - n
+        pos = torch.tensor(list(positions) + [0] * pad, dtype=torch.long)
+        slot_mapping = tables.gather(1, (pos // page)[:, None])[:, 0] * page + pos % page
+        slot_mapping[n:] = 0
+        dev = cache.device
+        t = lambda x: torch.tensor(x, dtype=torch.long, device=dev)  # noqa: E731
+        return cls(
+            input_ids=t(list(tokens) + [0] * pad), positions=pos.to(dev), q_lens=None, ctx_lens=None,
+            cu_q=torch.arange(size + 1, device=dev), ctx_lens_t=(pos + 1).to(dev),
+            block_tables=tables.to(dev), slot_mapping=slot_mapping.to(dev),
+            state_slots=t(list(state_slots) + [0] * pad), seq_of_token=torch.arange(size, device=dev),
+            cache=cache, index_topk=index_topk, static=True,
         )

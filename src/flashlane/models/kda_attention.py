@@ -81,7 +81,7 @@ class KDAAttention(nn.Module):
         """x [N, hidden] (normed block input) -> [N, hidden]; updates this layer's state slots."""
         cache = batch.cache
         row = cache.spec.kda_row(self.layer_id)
-        conv_state, rec_state = cache.conv[row], cache.recurrent[row]
+        conv_state, rec_state = cache.layer("conv", row), cache.layer("recurrent", row)
         slots = batch.state_slots
         q_lens = batch.cu_q[1:] - batch.cu_q[:-1]
         fresh = batch.ctx_lens_t == q_lens
@@ -96,10 +96,20 @@ class KDAAttention(nn.Module):
         g = self.forget_gate(x)
         beta = torch.sigmoid(self.b_proj(x))
 
+        if batch.is_decode:     # every sequence steps once: one batched recurrent step, no gathers
+            out = kda_decode(q, k, v, g, beta, rec_state, slots, fresh)
+        else:
+            out = self._mixed(q, k, v, g, beta, rec_state, slots, fresh, batch)
+        gate = self.g_b_proj(self.g_a_proj(x)).view(n, self.heads, self.head_dim)
+        return self.o_proj(self.o_norm(out, gate).reshape(n, self.qkv_dim))
+
+    @staticmethod
+    def _mixed(q, k, v, g, beta, rec_state, slots, fresh, batch: ForwardBatch) -> torch.Tensor:
+        """Decode tokens as one batched step, each prefill chunk in the chunked form."""
         out = torch.empty_like(v)
         decode = [b for b, ql in enumerate(batch.q_lens) if ql == 1]
         if decode:
-            seqs = torch.tensor(decode, dtype=torch.long, device=x.device)
+            seqs = torch.tensor(decode, dtype=torch.long, device=q.device)
             tok = batch.cu_q[seqs]
             out[tok] = kda_decode(q[tok], k[tok], v[tok], g[tok], beta[tok], rec_state, slots[seqs], fresh[seqs])
         cu = batch.cu_q.tolist()
@@ -112,9 +122,7 @@ class KDAAttention(nn.Module):
             o, final = kda_chunk(q[None, s:e], k[None, s:e], v[None, s:e], g[None, s:e], beta[None, s:e], init)
             out[s:e] = o[0]
             rec_state.index_copy_(0, slot, final.to(rec_state.dtype))
-
-        gate = self.g_b_proj(self.g_a_proj(x)).view(n, self.heads, self.head_dim)
-        return self.o_proj(self.o_norm(out, gate).reshape(n, self.qkv_dim))
+        return out
 
 
 __all__ = ["KDAAttention", "KDAForgetGate", "GatedHeadNorm"]

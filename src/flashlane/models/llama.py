@@ -69,10 +69,16 @@ class AttentionPlan:
     def __init__(self, batch: ForwardBatch):
         dev = batch.input_ids.device
         page = batch.cache.spec.page_size
+        self.groups: list[_Group] = []
+        if batch.static:   # one token per row, history up to the table's width, masked by length
+            rows = self._rows(batch.block_tables, batch.block_tables.shape[1] * page, page)
+            t = torch.arange(rows.shape[1], device=dev)
+            mask = (t[None, :] < batch.ctx_lens_t[:, None])[:, None, None, :]
+            self.groups.append(_Group(torch.arange(rows.shape[0], device=dev)[:, None], rows, mask))
+            return
         cu = [0]
         for q in batch.q_lens:
             cu.append(cu[-1] + q)
-        self.groups: list[_Group] = []
         decode = [b for b, q in enumerate(batch.q_lens) if q == 1]
         if decode:
             idx = torch.tensor(decode, dtype=torch.long, device=dev)
@@ -123,8 +129,8 @@ class LlamaAttention(nn.Module):
         v = self.v_proj(x).view(n, self.num_kv, d)
         cache = batch.cache
         row = cache.spec.latent_row(self.layer_id)
-        pool = cache.latent[row]
-        scale = None if cache.latent_scale is None else cache.latent_scale[row]
+        pool = cache.layer("latent", row)
+        scale = cache.layer("latent_scale", row)
         write_rows(pool, scale, batch.slot_mapping, torch.cat((k.reshape(n, -1), v.reshape(n, -1)), -1))
         out = torch.empty_like(q)
         for g in plan.groups:

@@ -11,7 +11,8 @@ short timing at first use says it is faster, else float32 (``kernels.cpu_caps``;
 variable ``FLASHLANE_AUTO_DTYPE=float32|bfloat16`` pins it, as the tests do); elsewhere the
 checkpoint's ``dtype`` / ``torch_dtype``, else bfloat16.
 A few small tensors that the reference keeps in fp32 stay fp32 whatever the model dtype
-(``FP32_PARAMS``; a model class may override with a ``keep_fp32_params`` attribute).
+(``FP32_PARAMS``; a model class may override with a ``keep_fp32_params`` attribute: the
+``KeepsFp32Params`` protocol).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..kernels.cpu_caps import DtypeChoice, auto_cpu_dtype
+from .protocol import fp32_param_names
 from .weights import WeightNameError, to_flashlane
 
 SINGLE_FILE = "model.safetensors"
@@ -73,7 +75,7 @@ def auto_cpu_dtype_choice() -> DtypeChoice:
 
 
 def cast_model(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    keep = tuple(getattr(model, "keep_fp32_params", FP32_PARAMS))
+    keep = fp32_param_names(model, FP32_PARAMS)
     model.to(dtype)
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
         if t.is_floating_point() and any(k in name for k in keep):

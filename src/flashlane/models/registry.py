@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from .. import presets
 from ..config import ModelConfig, load_config, parse_config
 from .loader import (FP32_PARAMS, LoadError, cast_model, init_random, is_mtp_name, load_state, random_state,
                      read_tensors, resolve_dtype, save_checkpoint)
+from .protocol import CausalLM, OptionalMtp, PostLoad, fp32_param_names
 from .tokenizer import Tokenizer
 
 MODEL_CLASSES = {
@@ -27,7 +27,7 @@ LOAD_FORMATS = ("auto", "dummy")
 
 @dataclass
 class LoadedModel:
-    model: nn.Module
+    model: CausalLM
     config: ModelConfig
     tokenizer: Tokenizer | None
     name: str
@@ -46,19 +46,18 @@ def model_class(arch: str) -> type[nn.Module]:
 
 def build_model(cfg: ModelConfig, device: str | torch.device = "cpu", with_mtp: bool | None = None) -> nn.Module:
     """``with_mtp``: build the next-token-prediction block (None = the class default); only
-    passed to classes that take it."""
+    passed to classes that take it (``OptionalMtp``)."""
     cls = model_class(cfg.arch)
     kwargs = {}
-    if with_mtp is not None and "with_mtp" in inspect.signature(cls).parameters:
+    if with_mtp is not None and issubclass(cls, OptionalMtp):
         kwargs["with_mtp"] = with_mtp
     with torch.device(device):
         return cls(cfg, **kwargs)
 
 
 def finish(model: nn.Module) -> nn.Module:
-    post = getattr(model, "post_load", None)
-    if callable(post):
-        post()
+    if isinstance(model, PostLoad):
+        model.post_load()
     return model.eval().requires_grad_(False)
 
 
@@ -142,7 +141,7 @@ def random_checkpoint(config: dict[str, Any], seed: int = 0, published_names: bo
     with torch.device("meta"):
         skeleton = model_class(cfg.arch)(cfg)
     skip = ["lm_head.weight"] if cfg.tie_word_embeddings else []
-    keep = tuple(getattr(skeleton, "keep_fp32_params", FP32_PARAMS))
+    keep = fp32_param_names(skeleton, FP32_PARAMS)
     state = random_state(skeleton, seed, skip=skip)
     target = STORAGE_DTYPES[storage_dtype]
     state = {n: (t if any(k in n for k in keep) else t.to(target)) for n, t in state.items()}

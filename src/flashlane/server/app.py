@@ -1,6 +1,7 @@
-"""The OpenAI-compatible HTTP app around an AsyncEngine.
+"""The OpenAI-compatible HTTP app around an AsyncEngine (the engine on a thread of this process)
+or an EngineCoreClient (the engine in its own process); both have the same async interface.
 
-The app owns the engine's lifetime: it starts the stepping thread on startup and, on shutdown,
+The app owns the engine's lifetime: it starts the engine on startup and, on shutdown,
 refuses new work (503) and aborts whatever is still in flight (uvicorn first lets open
 connections drain for its graceful-shutdown timeout).
 """
@@ -14,7 +15,7 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from ..engine.async_engine import AsyncEngine
+from ..engine.serving_engine import ServingEngine
 from .admission import Admission
 from .body_limits import DEFAULT_MAX_SEQS_PER_REQUEST, BodyLimits, chars_per_token
 from .chat_completions import create_chat_completion
@@ -37,22 +38,23 @@ _ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 429, 
 _STREAM = {"content": {"text/event-stream": {}}, "description": "JSON, or SSE events when stream is true"}
 
 
-def create_app(engine: AsyncEngine, served_model_name: str | None = None, api_key: str | None = None,
+def create_app(engine: ServingEngine, served_model_name: str | None = None, api_key: str | None = None,
                max_queue: int | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST, profile_dir: str | None = None) -> FastAPI:
     """``max_queue``: sequences allowed to wait beyond the engine's running capacity (None: no
     bound); more are refused with 429. ``max_seqs_per_request``: engine requests (prompts x n)
     one HTTP request may ask for; more are refused with 400 before anything is tokenised.
     ``profile_dir``: where ``POST /stop_profile`` writes traces (None: the profile endpoints answer 404)."""
-    name = served_model_name or engine.engine.model_name
+    info = engine.info
+    name = served_model_name or info.model
     if max_queue is not None and max_queue < 0:
         raise ValueError(f"max_queue must be >= 0, got {max_queue}")
     if max_seqs_per_request < 1:
         raise ValueError(f"max_seqs_per_request must be >= 1, got {max_seqs_per_request}")
-    limit = None if max_queue is None else engine.engine.startup["max_running"] + max_queue
+    limit = None if max_queue is None else info.max_running + max_queue
     ctx = ServerContext(engine, name, ServerMetrics(name), Admission(limit))
-    max_len = engine.engine.max_model_len
-    ctx.body_limits = BodyLimits(max_model_len=max_len, chars_per_token=chars_per_token(engine.engine.tokenizer),
+    max_len = info.max_model_len
+    ctx.body_limits = BodyLimits(max_model_len=max_len, chars_per_token=chars_per_token(engine.tokenizer),
                                  max_seqs=max_seqs_per_request, max_messages=max_len,
                                  max_values=max_seqs_per_request * (max_len + 1) + 65536)
     if ctx.body_limits.max_prompt_chars is None:
@@ -86,11 +88,10 @@ def create_app(engine: AsyncEngine, served_model_name: str | None = None, api_ke
 
     @app.get("/v1/models", response_model=ModelList, responses=_ERRORS)
     async def models():
-        eng = engine.engine
-        report = dict(eng.startup)
+        report = info.report()
         report["cache_bytes_per_token"] = sum(report["pool_bytes_per_token"].values())  # scale pools too
         report["state_bytes_per_sequence"] = report["bytes_per_slot"]
-        card = ModelCard(id=name, root=eng.model_name, max_model_len=eng.max_model_len, flashlane=report)
+        card = ModelCard(id=name, root=info.model, max_model_len=info.max_model_len, flashlane=report)
         return ModelList(data=[card])
 
     last_snapshot: dict = {}

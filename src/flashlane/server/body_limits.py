@@ -19,6 +19,7 @@ neither hold this process's GIL nor grow its heap.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from dataclasses import asdict, dataclass
@@ -266,7 +267,16 @@ def _is_int(v) -> bool:
 
 # ---- the child process ------------------------------------------------------------------------
 
+CHILD_NICENESS = 10
+
+
 def _main(argv: list[str]) -> int:
+    # refusing a body is worth less than serving: where cores are few, the scheduler runs the
+    # server (and its clients) first and this parse in the time left over
+    try:
+        os.nice(CHILD_NICENESS)
+    except (AttributeError, OSError):  # no nice() here
+        pass
     limits, kind = BodyLimits(**json.loads(argv[1])), argv[2]
     body = sys.stdin.buffer.read()
     try:

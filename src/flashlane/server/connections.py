@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import resource
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -87,6 +88,7 @@ class GuardedH11Protocol(H11Protocol):
     # ---- protocol events ------------------------------------------------------------------
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
+        set_no_delay(transport)
         # uvicorn arms its idle timer only after a first response: a silent socket would stay
         self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
         self._update()
@@ -151,6 +153,21 @@ class GuardedH11Protocol(H11Protocol):
             cycle.disconnected = True
             cycle.message_event.set()
         self.transport.close()
+
+
+def set_no_delay(transport) -> None:
+    """TCP_NODELAY on a connection. asyncio sets it only on sockets whose ``proto`` is
+    IPPROTO_TCP, and a socket made by ``socket.socket(AF_INET, SOCK_STREAM)`` (as `serve` binds
+    its port before loading the model) has proto 0: each response's head and body then go out as
+    two segments, and the second waits for the client's delayed ACK (measured: every keep-alive
+    /health took 44 ms instead of 2 ms)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError:  # already closed
+        pass
 
 
 def guarded_protocol(limits: ConnectionLimits) -> type[GuardedH11Protocol]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from ..engine.async_engine import AsyncEngine
 from ..engine.sampling_params import SamplingParams
+from ..engine.serving_engine import ServingEngine
 from .admission import Admission
 from .body_limits import BodyLimits, Refusal, check_text
 from .errors import APIError, bad_request
@@ -19,7 +19,7 @@ OFFLOAD_CHARS = 16_384
 
 @dataclass
 class ServerContext:
-    engine: AsyncEngine
+    engine: ServingEngine
     served_model_name: str
     metrics: ServerMetrics
     admission: Admission
@@ -28,15 +28,15 @@ class ServerContext:
 
     @property
     def tokenizer(self):
-        return self.engine.engine.tokenizer
+        return self.engine.tokenizer
 
     @property
     def max_model_len(self) -> int:
-        return self.engine.engine.max_model_len
+        return self.engine.info.max_model_len
 
     @property
     def vocab_size(self) -> int:
-        return self.engine.engine.config.vocab_size
+        return self.engine.info.vocab_size
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.served_model_name:

@@ -16,25 +16,19 @@ import time
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 
-from ..engine.async_engine import AsyncEngine
+from ..engine.serving_engine import ServingEngine
 
 
-def debug_steps_router(engine: AsyncEngine, responses: dict) -> APIRouter:
+def debug_steps_router(engine: ServingEngine, responses: dict) -> APIRouter:
     router = APIRouter()
 
     @router.get("/debug/steps", responses=responses)
     async def debug_steps(since: float | None = Query(None, description="wall-clock seconds (time.time())"),
                           limit: int = Query(10_000, ge=1, le=100_000),
                           request_ids: bool = False):
-        log = engine.engine.step_stats
-        recs = log.since(since, limit + 1)
-        more = len(recs) > limit
-        recs = recs[:limit]
-        oldest = log.oldest()
+        page = await engine.step_page(since, limit, request_ids)
         return JSONResponse({
             "clock": "time.time() seconds (start, end); durations from time.monotonic()",
-            "now": time.time(), "capacity": log.maxlen, "total": log.total,
-            "dropped": log.total - len(log), "oldest_start": oldest.start if oldest else None,
-            "more": more, "steps": [r.to_json(request_ids) for r in recs]})
+            "now": time.time(), **page})
 
     return router

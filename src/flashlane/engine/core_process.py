@@ -1,0 +1,131 @@
+"""The engine-core process: loads the model itself, owns the torch/OpenMP threads, schedules and
+steps; the HTTP process talks to it over one multiprocessing Pipe (``core_client.py``).
+
+Messages (pickled tuples), parent -> child:
+  ("call", call_id, method, args)   answered by ("reply", call_id, ok, value or exception)
+  ("abort", request_id)             fire and forget (its final output is sent like any other)
+  ("stop",)                         close the engine and exit
+child -> parent:
+  ("ready", EngineInfo, tokenizer)  once, after the model loaded (or ("failed", exception))
+  ("outputs", [delta, ...])         after every step that produced any (``output_deltas.py``)
+  ("dead", message)                 a step crashed; the process exits right after
+
+The child ignores SIGINT (Ctrl-C reaches the whole process group; the HTTP process decides how
+to shut down) and exits when the pipe closes, so it never outlives its server.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+
+from ..kernels.profiling import profiling_range
+from .llm_engine import LLMEngine
+from .output_deltas import DeltaEncoder
+from .profiling import StepProfiler, write_window
+
+
+class _Core:
+    """The methods the parent may call, run between two steps."""
+
+    def __init__(self, engine: LLMEngine, conn):
+        self.engine = engine
+        self.conn = conn
+        self.profile = StepProfiler()
+        self.deltas = DeltaEncoder()
+
+    def send_outputs(self, outputs) -> None:
+        if outputs:
+            self.conn.send(("outputs", [self.deltas.encode(out) for out in outputs]))
+
+    def abort(self, request_id: str) -> None:
+        out = self.engine.abort(request_id)
+        if out is not None:
+            self.send_outputs([out])
+
+    def add(self, request_id: str, prompt, params) -> None:
+        self.engine.add_request(request_id, prompt, params)
+
+    def abort_all(self) -> None:
+        self.send_outputs([out for rid in list(self.engine.requests) if (out := self.engine.abort(rid)) is not None])
+
+    def snapshot(self) -> dict:
+        return {**self.engine.stats(), "finish_reasons": dict(self.engine.finish_reasons)}
+
+    def step_page(self, since, limit: int, with_ids: bool) -> dict:
+        return self.engine.step_stats.page(since, limit, with_ids)
+
+    def start_profile(self) -> None:
+        self.profile.start()
+
+    def stop_profile(self, directory: str) -> dict:
+        return write_window(self.profile.stop(), directory)
+
+
+def _sendable(exc: Exception) -> Exception:
+    """``exc`` itself when it survives pickling (its type and message reach the caller), else a
+    RuntimeError with its text."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+def _handle(core: _Core, msg) -> bool:
+    """Run one command; False when the parent asked the process to stop."""
+    kind = msg[0]
+    if kind == "abort":
+        core.abort(msg[1])
+    elif kind == "call":
+        _, call_id, method, args = msg
+        try:
+            reply = (call_id, True, getattr(core, method)(*args))
+        except Exception as exc:  # reported to the caller; the engine keeps going
+            reply = (call_id, False, _sendable(exc))
+        core.conn.send(("reply", *reply))
+    elif kind == "stop":
+        return False
+    return True
+
+
+def default_engine_threads() -> int:
+    """Torch threads of an engine process not told how many: every CPU this process may use but
+    one, which the HTTP process keeps (measured on 2 cores: with both cores in the engine's
+    OpenMP pool, 32 concurrent streams took ~7x longer than with one)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cpus - 1)
+
+
+def run_engine_core(model: str, engine_args: dict, conn) -> None:
+    """The child's main function (multiprocessing spawn target)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if engine_args.get("num_threads") is None:
+        engine_args = {**engine_args, "num_threads": default_engine_threads()}
+    try:
+        engine = LLMEngine(model, **engine_args)
+    except Exception as exc:
+        conn.send(("failed", _sendable(exc)))
+        return
+    conn.send(("ready", engine.info, engine.tokenizer))
+    core = _Core(engine, conn)
+    try:
+        running = True
+        while running:
+            # commands first (as the in-process stepping thread does); block only when idle
+            while running and conn.poll(0 if engine.has_unfinished() else None):
+                running = _handle(core, conn.recv())
+            if running and engine.has_unfinished():
+                with profiling_range("engine_step"):
+                    outputs = engine.step()
+                core.send_outputs(outputs)
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass  # the HTTP process is gone: nobody left to serve
+    except BaseException as exc:
+        try:
+            conn.send(("dead", f"engine step failed: {exc!r}"))
+        finally:
+            raise
+    finally:
+        engine.close()

@@ -1,0 +1,127 @@
+"""Static-graph decode (``compile=True``) against the eager engine, for all three architectures.
+
+Greedy tokens must be identical and logprobs within 1e-4 (fp32), at bucket sizes and between
+them (a padded bucket); padding rows must never touch a real sequence's cache or outputs.
+Compiling costs tens of seconds per model on these CPUs, so the models are small and each
+compiled engine is built once per module.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from engine_models import ByteTokenizer, random_prompts, tiny_llama
+from flashlane.config import parse_config
+from flashlane.engine.llm import LLM
+from flashlane.engine.sampling_params import SamplingParams
+from hf_tiny import GLM5_NEXT_TINY_TEXT, GLM_MOE_DSA_TINY
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=3)
+# llama compiles in seconds; a GLM graph takes a minute or more here, so those get one bucket
+# (1 and 3 sequences pad up to it). The MoE's few-token branch is tested eagerly in test_kernels_moe.
+SIZES = {"llama": (1, 2, 4), "glm5_next": (4,), "glm_moe_dsa": (4,)}
+
+
+def _small_glm(arch: str, seed: int = 0):
+    """A two-to-three layer random model of ``arch`` (every mixer and FFN kind it has)."""
+    if arch == "glm5_next":
+        from flashlane.models.glm5_next import Glm5NextForCausalLM as cls
+        text = dict(GLM5_NEXT_TINY_TEXT, num_hidden_layers=3, vocab_size=256,
+                    layer_types=["linear_attention", "indexed_attention", "indexed_attention"],
+                    indexer_types=["full", "full", "shared"], mlp_layer_types=["dense", "sparse", "sparse"])
+        raw = dict(model_type="glm5_next", text_config=dict(text, model_type="glm5_next_text"))
+    else:
+        from flashlane.models.glm_moe_dsa import GlmMoeDsaForCausalLM as cls
+        raw = dict(GLM_MOE_DSA_TINY, model_type="glm_moe_dsa", num_hidden_layers=3, vocab_size=256,
+                   indexer_types=["full", "shared", "full"])
+    cfg = parse_config(raw)
+    torch.manual_seed(seed)
+    model = cls(cfg, with_mtp=False) if arch == "glm5_next" else cls(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.08)
+    return SimpleNamespace(model=model.eval(), config=cfg, tokenizer=ByteTokenizer(), name=f"small-{arch}",
+                           path=None)
+
+
+MODELS = {"llama": lambda: tiny_llama(), "glm5_next": lambda: _small_glm("glm5_next"),
+          "glm_moe_dsa": lambda: _small_glm("glm_moe_dsa")}
+
+
+@functools.lru_cache(maxsize=None)
+def _engines(arch: str):
+    m = MODELS[arch]()
+    kw = dict(dtype="float32", page_size=16, max_num_seqs=8, num_pages=96)
+    # the compiled engine caches prefixes, the eager one does not: cached == uncached as well
+    return (LLM(m, enable_prefix_caching=False, **kw),
+            LLM(m, compile=True, compile_sizes=SIZES[arch], enable_prefix_caching=True, **kw))
+
+
+def _assert_same(eager_outs, compiled_outs):
+    for e, c in zip(eager_outs, compiled_outs):
+        assert c.token_ids == e.token_ids
+        for le, lc in zip(e.logprobs, c.logprobs):
+            assert le.keys() == lc.keys()
+            assert max(abs(le[t] - lc[t]) for t in le) < 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", list(MODELS))
+@pytest.mark.parametrize("num_prompts", [1, 3, 4, 6])   # a bucket, between buckets, beyond the largest
+def test_compiled_decode_matches_eager(arch, num_prompts):
+    eager, compiled = _engines(arch)
+    prompts = random_prompts(num_prompts, 3, 70, 250, seed=num_prompts)
+    before = dict(compiled.engine.runner.compiled.calls)
+    _assert_same(eager.generate(prompts, GREEDY), compiled.generate(prompts, GREEDY))
+    calls = {b: n - before[b] for b, n in compiled.engine.runner.compiled.calls.items()}
+    decode_steps = GREEDY.max_tokens - 1
+    if num_prompts <= max(SIZES[arch]):   # every decode step went through a graph
+        assert sum(calls.values()) == decode_steps
+    else:                                 # more sequences than the largest bucket: eager
+        assert sum(calls.values()) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", list(MODELS))
+def test_compiled_decode_after_prefix_cache_hits_matches_eager(arch):
+    eager, compiled = _engines(arch)
+    prompts = random_prompts(3, 40, 70, 250, seed=11)
+    compiled.generate(prompts, GREEDY)
+    again = compiled.generate(prompts, GREEDY)        # full pages (and state checkpoints) reused
+    assert sum(o.num_cached_tokens for o in again) > 0
+    _assert_same(eager.generate(prompts, GREEDY), again)
+
+
+@pytest.mark.slow
+def test_compiled_int8_engine_stays_close_to_eager_int8():
+    kw = dict(dtype="float32", quantization="int8", max_num_seqs=4)
+    prompts = random_prompts(3, 5, 40, 250, seed=3)
+    # quantization works in place: each engine gets its own copy of the shared model
+    eager = LLM(copy.deepcopy(tiny_llama()), **kw).generate(prompts, GREEDY)
+    compiled = LLM(copy.deepcopy(tiny_llama()), compile=True, compile_sizes=(4,), **kw).generate(prompts, GREEDY)
+    for e, c in zip(eager, compiled):
+        assert c.token_ids == e.token_ids
+        assert max(abs(le[t] - lc[t]) for le, lc in zip(e.logprobs, c.logprobs) for t in le) < 1e-3
+
+
+@pytest.mark.slow
+def test_compiled_engine_reports_its_buckets_and_warm_up():
+    compiled = LLM(tiny_llama(), dtype="float32", compile=True, compile_sizes=[4, 2, 1, 2], max_num_seqs=3)
+    info = compiled.engine.info.compiled_decode
+    # sorted, de-duplicated, capped at what can run at once
+    assert info["sizes"] == [1, 2, 3] and info["warmup_s"] > 0 and info["cache_dir"]
+    eng = compiled.engine
+    assert not eng.step_stats and not eng.counters and not eng.requests   # warm-up leaves no trace
+    assert "compiled decode" in eng.info.describe_compile()
+
+
+def test_compile_sizes_are_validated():
+    for bad in ([], [0], [1, -2], "4", [1.5], [True]):
+        with pytest.raises(ValueError, match="compile_sizes"):
+            LLM(tiny_llama(), dtype="float32", compile=True, compile_sizes=bad)
