@@ -1,6 +1,9 @@
-"""(d) SmolLM2-135M batch-1 decode tokens/s: flashlane (fp32, int8, w8a8) vs llama.cpp
-(llama-cpp-python) on the same GGUF file and on its Q8_0 requantisation (int8 against int8),
-both sides on the same number of threads (llama-cpp-python's default is half the cores).
+"""(d) SmolLM2-135M batch-1 decode tokens/s: flashlane (fp32, int8, w8a8; eager and with
+``compile=True``) vs llama.cpp (llama-cpp-python) on the same GGUF file and on its Q8_0
+requantisation (int8 against int8), both sides on the same number of threads (llama-cpp-python's
+default is half the cores). Then the same ``--streams`` requests served at once: flashlane's
+continuous batching against llama-cpp-python, which runs one sequence at a time (its ``Llama``
+object and server have no batching across requests), as aggregate generated tokens/s.
 Skips llama.cpp cleanly (exit 0, JSON says why) when llama-cpp-python is not installed.
 
     python benchmarks/vs_llamacpp.py --new-tokens 128 --threads 2
@@ -22,15 +25,25 @@ from flashlane import LLM, SamplingParams
 from flashlane.models.registry import load_model
 
 
-def flashlane_decode(args, quant: str | None) -> dict:
+def stream_prompts(args) -> list[str]:
+    return [f"{args.prompt} (request {i + 1})" for i in range(args.streams)]
+
+
+def flashlane_decode(args, quant: str | None, compile: bool) -> dict:
     loaded = load_model(args.model, dtype=args.dtype)
-    llm = LLM(loaded, dtype=args.dtype, num_threads=args.threads, quantization=quant)
+    sizes = sorted({1, args.streams})
+    llm = LLM(loaded, dtype=args.dtype, num_threads=args.threads, quantization=quant, compile=compile,
+              compile_sizes=sizes, max_num_seqs=max(sizes))
     llm.generate(args.prompt, SamplingParams(max_tokens=4))
     params = SamplingParams(max_tokens=args.new_tokens, temperature=0, ignore_eos=True)
     m = llm.generate(args.prompt, params)[0].metrics
+    t = time.perf_counter()
+    outs = llm.generate(stream_prompts(args), params)
+    wall = time.perf_counter() - t
     return {"decode_tok_s": (len(m.token_times) - 1) / (m.token_times[-1] - m.token_times[0]),
             "ttft_s": m.first_token_time - m.arrival_time, "weights": llm.engine.describe_weights(),
-            "gguf": str(loaded.path)}
+            "compiled_decode": llm.engine.info.compiled_decode,
+            "streams_tok_s": sum(len(o.token_ids) for o in outs) / wall, "gguf": str(loaded.path)}
 
 
 def llama_cpp_decode(Llama, path: str, args) -> dict:
@@ -45,7 +58,15 @@ def llama_cpp_decode(Llama, path: str, args) -> dict:
         if n >= args.new_tokens:
             break
     t_end = time.perf_counter()
-    return {"decode_tok_s": (n - 1) / (t_end - t_first), "ttft_s": t_first - t, "gguf": path}
+    result = {"decode_tok_s": (n - 1) / (t_end - t_first), "ttft_s": t_first - t, "gguf": path}
+    t, generated = time.perf_counter(), 0
+    for prompt in stream_prompts(args):          # one sequence at a time: what llama-cpp-python serves
+        for i, _ in enumerate(lcpp.generate(lcpp.tokenize(prompt.encode()), top_k=1, temp=0.0, reset=True)):
+            generated += 1
+            if i + 1 >= args.new_tokens:
+                break
+    result["streams_tok_s"] = generated / (time.perf_counter() - t)
+    return result
 
 
 def main() -> None:
@@ -57,17 +78,20 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="threads for both sides (default: torch's)")
     ap.add_argument("--quantizations", default="none,int8,w8a8", help="flashlane configurations to run")
     ap.add_argument("--q8-dir", default=None, help="where the Q8_0 requantisation is written (default: a temp dir)")
+    ap.add_argument("--streams", type=int, default=16, help="requests served at once for the aggregate comparison")
+    ap.add_argument("--no-compile", action="store_true", help="skip flashlane's static-graph decode runs")
     ap.add_argument("--out")
     args = ap.parse_args()
     args.threads = args.threads or torch.get_num_threads()
     torch.set_num_threads(args.threads)
-    result = {"model": args.model, "dtype": args.dtype, "new_tokens": args.new_tokens,
+    result = {"model": args.model, "dtype": args.dtype, "new_tokens": args.new_tokens, "streams": args.streams,
               "threads": args.threads, "threads_note": "flashlane and llama.cpp both ran on this many threads",
               "load_average_1m_at_start": os.getloadavg()[0]}
     for q in args.quantizations.split(","):
         quant = None if q == "none" else q
         key = "flashlane" if quant is None else f"flashlane_{quant}"
-        result[key] = flashlane_decode(args, quant)
+        for compile in (False,) if args.no_compile else (False, True):
+            result[key + ("_compiled" if compile else "")] = flashlane_decode(args, quant, compile)
     try:
         from llama_cpp import Llama
     except ImportError:
@@ -83,6 +107,8 @@ def main() -> None:
     for key in [k for k in result if k.startswith("flashlane")]:
         for peer in ("llama_cpp", "llama_cpp_q8_0"):
             result[f"ratio_{key}_over_{peer}"] = result[key]["decode_tok_s"] / result[peer]["decode_tok_s"]
+            result[f"streams_ratio_{key}_over_{peer}"] = (result[key]["streams_tok_s"]
+                                                          / result[peer]["streams_tok_s"])
     write_result("vs_llamacpp", result, args.out)
 
 
