@@ -12,6 +12,7 @@ Skips llama.cpp cleanly (exit 0, JSON says why) when llama-cpp-python is not ins
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import tempfile
 import time
@@ -46,7 +47,24 @@ def flashlane_decode(args, quant: str | None, compile: bool) -> dict:
             "streams_tok_s": sum(len(o.token_ids) for o in outs) / wall, "gguf": str(loaded.path)}
 
 
-def llama_cpp_decode(Llama, path: str, args) -> dict:
+def llama_cpp_decode(path: str, args) -> dict:
+    """llama.cpp in a child process, so an illegal instruction in its CPU build (seen with a
+    -march=native build where the VM does not enable what CPUID reports) is a result, not a crash."""
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+    from multiprocessing import get_context
+
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+        try:
+            return pool.submit(_llama_cpp_decode, path, args).result()
+        except BrokenProcessPool as e:
+            return {"error": f"llama.cpp process died ({e}); a CPU build without -march=native may help",
+                    "gguf": path}
+
+
+def _llama_cpp_decode(path: str, args) -> dict:
+    from llama_cpp import Llama
+
     lcpp = Llama(model_path=path, n_ctx=1024, n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
     tokens = lcpp.tokenize(args.prompt.encode())
     t = time.perf_counter()
@@ -92,9 +110,7 @@ def main() -> None:
         key = "flashlane" if quant is None else f"flashlane_{quant}"
         for compile in (False,) if args.no_compile else (False, True):
             result[key + ("_compiled" if compile else "")] = flashlane_decode(args, quant, compile)
-    try:
-        from llama_cpp import Llama
-    except ImportError:
+    if importlib.util.find_spec("llama_cpp") is None:
         result["llama_cpp"] = ("skipped: llama-cpp-python is not installed (pip install llama-cpp-python; "
                                "it builds llama.cpp from source)")
         write_result("vs_llamacpp", result, args.out)
@@ -102,10 +118,10 @@ def main() -> None:
     shipped = next(v["gguf"] for k, v in result.items() if k.startswith("flashlane"))
     q8_dir = Path(args.q8_dir or tempfile.mkdtemp(prefix="flashlane-q8-"))
     q8 = requantize(shipped, q8_dir / (Path(shipped).stem + ".Q8_0-requant.gguf"), "Q8_0")
-    result["llama_cpp"] = llama_cpp_decode(Llama, shipped, args)
-    result["llama_cpp_q8_0"] = llama_cpp_decode(Llama, str(q8), args)
+    result["llama_cpp"] = llama_cpp_decode(shipped, args)
+    result["llama_cpp_q8_0"] = llama_cpp_decode(str(q8), args)
     for key in [k for k in result if k.startswith("flashlane")]:
-        for peer in ("llama_cpp", "llama_cpp_q8_0"):
+        for peer in [p for p in ("llama_cpp", "llama_cpp_q8_0") if "error" not in result[p]]:
             result[f"ratio_{key}_over_{peer}"] = result[key]["decode_tok_s"] / result[peer]["decode_tok_s"]
             result[f"streams_ratio_{key}_over_{peer}"] = (result[key]["streams_tok_s"]
                                                           / result[peer]["streams_tok_s"])
