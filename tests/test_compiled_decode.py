@@ -125,3 +125,18 @@ def test_compile_sizes_are_validated():
     for bad in ([], [0], [1, -2], "4", [1.5], [True]):
         with pytest.raises(ValueError, match="compile_sizes"):
             LLM(tiny_llama(), dtype="float32", compile=True, compile_sizes=bad)
+
+
+def test_compile_sizes_flag():
+    import argparse
+
+    from flashlane.cli.engine_flags import add_engine_flags, engine_kwargs
+
+    p = argparse.ArgumentParser()
+    add_engine_flags(p)
+    kw = engine_kwargs(p.parse_args(["--compile", "--compile-sizes", "8,1,2"]))
+    assert kw["compile"] and kw["compile_sizes"] == (1, 2, 8)
+    assert engine_kwargs(p.parse_args([]))["compile_sizes"] == (1, 2, 4, 8, 16)
+    for bad in ("1,x", "0", ""):
+        with pytest.raises(SystemExit):
+            p.parse_args(["--compile-sizes", bad])
