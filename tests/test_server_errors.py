@@ -82,6 +82,8 @@ CASES = [
      400, "messages.0.content.0.type"),
     ("echo_unsupported", "POST", CMPL, c(echo=True), 400, "echo"),
     ("penalty_unsupported", "POST", CHAT, chat(presence_penalty=1.0), 400, "presence_penalty"),
+    ("logit_bias_unsupported", "POST", CMPL, c(logit_bias={"5": 10}), 400, "logit_bias"),
+    ("logit_bias_not_object", "POST", CHAT, chat(logit_bias=[1]), 400, "logit_bias"),
     ("best_of_not_n", "POST", CMPL, c(best_of=3), 400, "best_of"),
     ("invalid_json", "POST", CMPL, b'{"model": "tiny-flash", "prompt": ', 400, None),
     ("nan_temperature", "POST", CMPL, b'{"prompt": "hi", "temperature": NaN}', 400, "temperature"),

@@ -179,6 +179,35 @@ def test_large_bodies_are_checked_in_a_child_process(server):
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
 
 
+def test_json_values_are_budgeted_per_field_before_this_process_parses_them(server, monkeypatch):
+    """2 M logit_bias entries (29 MB, under the body limit) passed the whole-body value count and
+    were then parsed here with the GIL held for ~1.9 s. Each field now has its own budget."""
+    from flashlane.server import guard
+
+    parsed = []
+    real = guard._parse_checked
+    monkeypatch.setattr(guard, "_parse_checked", lambda body, *a: parsed.append(len(body)) or real(body, *a))
+    bias = b",".join(b'"%d": 1.5' % i for i in range(2_000_000))
+    body = b'{"model": "tiny-flash", "prompt": "hi", "max_tokens": 1, "logit_bias": {' + bias + b"}}"
+    r, latencies, streamed = _while_refused(server, CMPL, body)
+    assert r.status_code == 413, r.text
+    err = r.json()["error"]
+    assert err["param"] == "logit_bias" and err["code"] == "request_too_large"
+    assert "other than 'prompt' and 'messages'" in err["message"]
+    assert len(body) not in parsed and streamed  # refused by the child alone
+
+    junk_in_message = (b'{"max_tokens": 1, "messages": [{"role": "user", "content": "hi", "junk": ['
+                       + b",".join([b"1"] * 600_000) + b"]}]}")
+    r = httpx.post(server.url + CHAT, content=junk_in_message, headers={"content-type": "application/json"},
+                   timeout=60)
+    assert r.status_code == 413 and r.json()["error"]["param"] == "messages", r.text
+    # a large servable body is still served: the prompt's token ids do not spend the other fields' budget
+    ids = [[7] * (MAX_LEN - 8)] * 8
+    ok = {"model": MODEL, "prompt": ids, "max_tokens": 1, "user": "u" * (2 << 20)}
+    r = httpx.post(server.url + CMPL, json=ok, timeout=120)
+    assert r.status_code == 200, r.text
+    assert len(r.json()["choices"]) == 8
+
 def test_large_texts_are_tokenised_without_holding_the_event_loop(loaded):
     """tokenizers' single-text encode holds the GIL for its whole run; the batch call used for
     large inputs releases it, so the loop keeps ticking meanwhile."""

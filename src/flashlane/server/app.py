@@ -55,8 +55,7 @@ def create_app(engine: ServingEngine, served_model_name: str | None = None, api_
     ctx = ServerContext(engine, name, ServerMetrics(name), Admission(limit))
     max_len = info.max_model_len
     ctx.body_limits = BodyLimits(max_model_len=max_len, chars_per_token=chars_per_token(engine.tokenizer),
-                                 max_seqs=max_seqs_per_request, max_messages=max_len,
-                                 max_values=max_seqs_per_request * (max_len + 1) + 65536)
+                                 max_seqs=max_seqs_per_request, max_messages=max_len)
     if ctx.body_limits.max_prompt_chars is None:
         log.info("prompt length is checked after tokenising (this tokenizer gives no bound on characters per token)")
     else:

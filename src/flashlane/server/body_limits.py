@@ -10,6 +10,11 @@ with the body, while what the model can use is bounded by its context length. So
   than ``chars_per_token`` characters, so such a text has more tokens than the context holds;
 - every string must be valid Unicode (a JSON ``"\\udc80"`` escape decodes to a lone surrogate,
   which no tokenizer or JSON encoder accepts).
+- a large body is parsed in a child first, and its JSON values are counted per field: the prompt
+  may hold as many as its sequences' tokens, the messages a few per message, and all other
+  fields together (the ones the schema bounds, like ``stop``, and the ones it ignores, like
+  ``logit_bias`` or ``tools``) at most ``OTHER_VALUES``. Parsing costs about 1 us a value in this
+  process, with the GIL held: 2 M ``logit_bias`` entries were a 1.9 s stall before this bound.
 
 This module is stdlib-only on purpose: run as a script (``python -I -S body_limits.py LIMITS
 KIND < body``) it does the same checks in a child process, so parsing a very large body can
@@ -25,6 +30,8 @@ import sys
 from dataclasses import asdict, dataclass
 
 DEFAULT_MAX_SEQS_PER_REQUEST = 1024
+OTHER_VALUES = 1 << 16      # JSON values outside 'prompt' and 'messages' (parsed: ~60 ms at most)
+VALUES_PER_MESSAGE = 32     # a message with a few tool calls holds ~20
 
 # normalizers that never merge input characters (so one token still covers <= its own length)
 _EXPANDING_NORMALIZERS = {"NFD", "NFKD", "Lowercase", "Prepend"}
@@ -40,7 +47,15 @@ class BodyLimits:
     chars_per_token: int | None      # no token covers more input characters (None: unknown tokenizer)
     max_seqs: int                    # prompts x n in one request
     max_messages: int                # chat messages (and text parts) in one request
-    max_values: int                  # JSON values in a body that is checked in a child process
+
+    @property
+    def max_prompt_values(self) -> int:
+        """JSON values a servable 'prompt' can hold: a full context of token ids per sequence."""
+        return self.max_seqs * (self.max_model_len + 1) + 1
+
+    @property
+    def max_message_values(self) -> int:
+        return VALUES_PER_MESSAGE * self.max_messages + 1
 
     @property
     def max_prompt_chars(self) -> int | None:
@@ -140,7 +155,7 @@ def check_body(data, limits: BodyLimits, kind: str, count_values: bool = False) 
     else:
         _check_prompts(data.get("prompt"), n, limits)
     if count_values:
-        _check_value_count(data, limits.max_values)
+        _check_value_count(data, limits)
     where = _find_surrogate(data, "")
     if where is not None:
         path, char = where
@@ -214,20 +229,46 @@ def _check_messages(messages, limits: BodyLimits) -> None:
     check_text(chars, "messages", "the messages' content", limits)
 
 
-def _check_value_count(data, limit: int) -> None:
-    """More JSON values than any servable request holds (e.g. a huge unknown field)."""
-    count, stack = 0, [data]
+def _check_value_count(data: dict, limits: BodyLimits) -> None:
+    """More JSON values than any servable request holds (a huge ignored field, 3 M stop ids):
+    counted per field, so that one field's budget cannot be spent by another."""
+    other, biggest = 0, (0, None)
+    for key, value in data.items():
+        if key == "prompt":
+            _count_values(value, limits.max_prompt_values, "prompt",
+                          f"at most {limits.max_seqs} sequences of {limits.max_model_len} token ids")
+        elif key == "messages":
+            _count_values(value, limits.max_message_values, "messages",
+                          f"at most {limits.max_messages} messages of {VALUES_PER_MESSAGE} values")
+        else:
+            n = _count_values(value, OTHER_VALUES - other, None, None)
+            other += n + 1  # the key
+            biggest = max(biggest, (n, key))
+            if other > OTHER_VALUES:
+                field = _printable(biggest[1])
+                raise Refusal(413, f"the request's fields other than 'prompt' and 'messages' hold more than "
+                                   f"{OTHER_VALUES} JSON values ('{field}' the most); no field this server reads "
+                                   "needs that many", field, "request_too_large")
+
+
+def _count_values(v, limit: int, param: str | None, servable: str | None) -> int:
+    """The JSON values (keys included) in ``v``; past ``limit`` a Refusal naming ``param``
+    (or, with no param, a count one past the limit, for the caller to refuse)."""
+    count, stack = 0, [v]
     while stack:
         v = stack.pop()
         count += 1
-        if count > limit:
-            raise Refusal(413, f"the request body holds more than {limit} JSON values, more than any request this "
-                               "server can serve", None, "request_too_large")
         if isinstance(v, dict):
             stack.extend(v.values())
-            count += len(v)  # the keys
+            count += len(v)
         elif isinstance(v, list):
             stack.extend(v)
+        if count > limit:
+            if param is None:
+                return limit + 1
+            raise Refusal(413, f"'{param}' holds more than {limit} JSON values, more than a servable request "
+                               f"holds ({servable})", param, "request_too_large")
+    return count
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -102,6 +102,8 @@ class ServerContext:
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(req, name):
                 raise bad_request(f"'{name}' is not supported (only 0)", name)
+        if req.logit_bias:  # refused rather than ignored: ignoring it would change what the caller gets
+            raise bad_request("'logit_bias' is not supported (only empty or null)", "logit_bias")
         fits = self.max_model_len - prompt_len
         if max_tokens is None:  # what fits, or less when the endpoint has a default (completions: 16)
             max_tokens = fits if default_max_tokens is None else min(default_max_tokens, fits)

@@ -56,6 +56,7 @@ class _Sampling(_Strict):
     presence_penalty: float = Field(0.0, ge=-2, le=2, description="only 0 is supported")
     frequency_penalty: float = Field(0.0, ge=-2, le=2, description="only 0 is supported")
     user: str | None = None
+    logit_bias: dict[str, float] | None = Field(None, description="not supported (must be empty or null)")
 
 
 class CompletionRequest(_Sampling):
