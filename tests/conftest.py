@@ -1,4 +1,5 @@
 import os
+import signal
 import tempfile
 
 import torch
@@ -19,3 +20,9 @@ os.environ.setdefault("FLASHLANE_INT8_KERNEL", "int8pack")
 # bench / compare / tune runs register themselves in $FLASHLANE_HOME/results.db and keep tune
 # studies there: tests write to a throwaway home, never the user's ~/.flashlane.
 os.environ.setdefault("FLASHLANE_HOME", tempfile.mkdtemp(prefix="flashlane-test-home-"))
+
+# A suite started in the background by a non-interactive shell (nohup, `cmd &`) has SIGINT
+# ignored, and an ignored signal stays ignored across exec: the Ctrl-C tests' children would
+# never see their SIGINT and run to the end (seen: both such tests failed in a nohup'd run).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
