@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -33,3 +35,28 @@ class Timer:
 
     def __exit__(self, *exc):
         self.seconds = time.perf_counter() - self.t0
+
+
+@contextmanager
+def served(model: str, port: int, flags: list[str] = (), ready_within_s: float = 900):
+    """A ``flashlane serve`` process (fp32) on ``port``, yielded once /health answers 200."""
+    import httpx
+
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(["flashlane", "serve", "--model", model, "--port", str(port), "--dtype", "float32",
+                               *flags], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + ready_within_s
+        while time.time() < deadline and server.poll() is None:
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            raise RuntimeError(f"flashlane serve did not become healthy (exit code {server.poll()})")
+        yield server
+    finally:
+        server.terminate()
+        server.wait(30)

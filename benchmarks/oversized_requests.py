@@ -14,13 +14,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 import httpx
 import psutil
-from common import write_result
+from common import served, write_result
 
 STREAM = {"prompt": "hello", "max_tokens": 48, "temperature": 0, "ignore_eos": True, "stream": True}
 
@@ -61,17 +61,19 @@ def summary(xs: list[float]) -> dict:
             "p99_ms": 1e3 * xs[min(len(xs) - 1, int(0.99 * len(xs)))], "max_ms": 1e3 * xs[-1]}
 
 
-def stream_itls(url: str, model: str, out: list[float]) -> None:
+def stream_itls(url: str, model: str) -> list[float]:
     times = []
     with httpx.stream("POST", url + "/v1/completions", json={"model": model, **STREAM}, timeout=120) as r:
         for line in r.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 times.append(time.perf_counter())
-    out.extend(b - a for a, b in zip(times[1:], times[2:]))
+    return [b - a for a, b in zip(times[1:], times[2:])]
 
 
-def phase(url: str, model: str, big: tuple[str, bytes] | None, min_s: float = 4.0) -> dict:
-    """/health and a stream's ITL while ``big`` (None: nothing) is sent and answered."""
+def phase(url: str, model: str, big: tuple[str, bytes] | None, streamer: ProcessPoolExecutor,
+          min_s: float = 4.0) -> dict:
+    """/health and a stream's ITL while ``big`` (None: nothing) is sent and answered. The stream
+    is read in another process, so that sending the body here cannot delay its tokens."""
     answer: dict = {}
 
     def send():
@@ -82,22 +84,20 @@ def phase(url: str, model: str, big: tuple[str, bytes] | None, min_s: float = 4.
         answer.update(status=r.status_code, seconds=time.perf_counter() - t, code=err.get("code"),
                       param=err.get("param"), message=(err.get("message") or "")[:160])
 
-    itls: list[float] = []
-    streamer = threading.Thread(target=stream_itls, args=(url, model, itls))
     sender = threading.Thread(target=send) if big else None
     health: list[float] = []
     with httpx.Client(base_url=url, timeout=60) as c:
         c.get("/health")
-        streamer.start()
+        stream = streamer.submit(stream_itls, url, model)
         if sender:
             sender.start()
         t0 = time.perf_counter()
-        while (sender and sender.is_alive()) or streamer.is_alive() or time.perf_counter() - t0 < min_s:
+        while (sender and sender.is_alive()) or not stream.done() or time.perf_counter() - t0 < min_s:
             t = time.perf_counter()
             assert c.get("/health").status_code == 200
             health.append(time.perf_counter() - t)
             time.sleep(0.02)
-    return {"answer": answer or None, "health": summary(health), "stream_itl": summary(itls)}
+    return {"answer": answer or None, "health": summary(health), "stream_itl": summary(stream.result())}
 
 
 def main() -> None:
@@ -107,33 +107,20 @@ def main() -> None:
     ap.add_argument("--out")
     args = ap.parse_args()
     url = f"http://127.0.0.1:{args.port}"
-    server = subprocess.Popen(["flashlane", "serve", "--model", args.model, "--port", str(args.port),
-                               "--dtype", "float32"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.time() + 600
-        while time.time() < deadline:
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        phase(url, args.model, None, min_s=1.0)  # warm-up
+    with served(args.model, args.port) as server, ProcessPoolExecutor(1) as streamer:
+        phase(url, args.model, None, streamer, min_s=1.0)  # warm-up
         result = {"model": args.model, "load_average_before": os.getloadavg(),
-                  "baseline": phase(url, args.model, None), "cases": {}}
+                  "baseline": phase(url, args.model, None, streamer), "cases": {}}
         for name, big in bodies(args.model).items():
             before = rss_mib(server.pid)
-            case = phase(url, args.model, big)
+            case = phase(url, args.model, big, streamer)
             time.sleep(2.0)  # the memory releaser runs at most once a second
             case.update(rss_before_mib=before, rss_after_2s_mib=rss_mib(server.pid), body_mib=len(big[1]) / 2**20)
             case["rss_change"] = case["rss_after_2s_mib"] / before - 1
             result["cases"][name] = case
-        result["baseline_after"] = phase(url, args.model, None)
+        result["baseline_after"] = phase(url, args.model, None, streamer)
         result["load_average_after"] = os.getloadavg()
         write_result("oversized_requests", result, args.out)
-    finally:
-        server.terminate()
-        server.wait(30)
 
 
 if __name__ == "__main__":

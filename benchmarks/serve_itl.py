@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import time
 
 import httpx
-from common import write_result
+from common import served, write_result
 
 
 def main() -> None:
@@ -27,17 +26,7 @@ def main() -> None:
     ap.add_argument("flags", nargs="*", help="flags for flashlane serve (after --)")
     args = ap.parse_args()
     url = f"http://127.0.0.1:{args.port}"
-    server = subprocess.Popen(["flashlane", "serve", "--model", args.model, "--port", str(args.port),
-                               "--dtype", "float32", *args.flags], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.time() + 900
-        while time.time() < deadline:
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+    with served(args.model, args.port, args.flags):
         body = {"model": args.model, "prompt": list(range(10, 74)), "max_tokens": 64, "temperature": 0,
                 "ignore_eos": True, "stream": True}
         itls = []
@@ -55,9 +44,6 @@ def main() -> None:
                   "engine_model_median_ms": 1e3 * statistics.median(s["model_s"] for s in decode)}
         result["itl_over_engine_step"] = result["itl_median_ms"] / result["engine_step_median_ms"]
         write_result("serve_itl", result, args.out)
-    finally:
-        server.terminate()
-        server.wait(30)
 
 
 if __name__ == "__main__":
