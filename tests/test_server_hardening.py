@@ -195,6 +195,11 @@ def test_json_values_are_budgeted_per_field_before_this_process_parses_them(serv
     assert err["param"] == "logit_bias" and err["code"] == "request_too_large"
     assert "other than 'prompt' and 'messages'" in err["message"]
     assert len(body) not in parsed and streamed  # refused by the child alone
+    # the field named is the largest, not the one that happened to come after a large one
+    tools = b"[" + b",".join([b"1"] * 60_000) + b"]"
+    both = b'{"prompt": "hi", "max_tokens": 1, "tools": ' + tools + b', "logit_bias": {' + bias + b"}}"
+    r = httpx.post(server.url + CMPL, content=both, headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 413 and r.json()["error"]["param"] == "logit_bias", r.text
 
     junk_in_message = (b'{"max_tokens": 1, "messages": [{"role": "user", "content": "hi", "junk": ['
                        + b",".join([b"1"] * 600_000) + b"]}]}")
