@@ -103,11 +103,8 @@ class AsyncEngine:
         """stats() plus finish reasons, taken on the stepping thread between two steps (so the
         numbers agree with each other); read directly when the thread is not running."""
         if not self.alive:
-            return self._snapshot()
-        return await asyncio.wait_for(asyncio.wrap_future(self._call(self._snapshot)), timeout)
-
-    def _snapshot(self) -> dict:
-        return {**self.engine.stats(), "finish_reasons": dict(self.engine.finish_reasons)}
+            return self.engine.snapshot()
+        return await asyncio.wait_for(asyncio.wrap_future(self._call(self.engine.snapshot)), timeout)
 
     async def step_page(self, since: float | None, limit: int, with_ids: bool) -> dict:
         """A page of the step log (``StepLog.page``); the log has its own lock."""

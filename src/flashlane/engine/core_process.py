@@ -51,7 +51,7 @@ class _Core:
         self.send_outputs([out for rid in list(self.engine.requests) if (out := self.engine.abort(rid)) is not None])
 
     def snapshot(self) -> dict:
-        return {**self.engine.stats(), "finish_reasons": dict(self.engine.finish_reasons)}
+        return self.engine.snapshot()
 
     def step_page(self, since, limit: int, with_ids: bool) -> dict:
         return self.engine.step_stats.page(since, limit, with_ids)

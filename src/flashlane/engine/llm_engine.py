@@ -301,3 +301,7 @@ class LLMEngine:
         return {"running": self.num_running, "waiting": self.num_waiting,
                 "preemptions": self.scheduler.num_preemptions, **self.cache.usage(), **self.cache.prefix_stats(),
                 **{f"tokens_{k}": v for k, v in self.counters.items()}}
+
+    def snapshot(self) -> dict:
+        """``stats()`` plus the finish-reason counts: what a server's /metrics reads, between steps."""
+        return {**self.stats(), "finish_reasons": dict(self.finish_reasons)}
