@@ -55,6 +55,16 @@ def _share(value: str) -> float:
     return v
 
 
+def _positive_seconds(value: str) -> float:
+    try:
+        v = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {value!r}")
+    if not 0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {value!r}")
+    return v
+
+
 def _writable_dir(value: str) -> str:
     path = Path(value)
     try:
@@ -128,6 +138,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="directory for the disk tier (kept across restarts of the same model and layout)")
     g.add_argument("--disk-cache-bytes", type=_positive_bytes, default=None,
                    help="byte budget of the disk tier (default: unbounded)")
+    g.add_argument("--disk-load-timeout", dest="disk_load_timeout_s", type=_positive_seconds,
+                   default=d.disk_load_timeout_s,
+                   help="seconds a disk-tier load may take before it is given up and that part of the prompt "
+                        f"is recomputed (default: {d.disk_load_timeout_s:g})")
     g = p.add_argument_group("static-graph decode")
     g.add_argument("--compile", action="store_true",
                    help="compile the model's decode step once per batch-size bucket with torch.compile "
@@ -147,4 +161,5 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         "scheduler", "static_batch_size",
         "kv_cache_dtype", "index_topk",
         "skip_tokenizer_init",
-        "enable_prefix_caching", "checkpoint_share", "host_cache_memory", "disk_cache_dir", "disk_cache_bytes")}
+        "enable_prefix_caching", "checkpoint_share", "host_cache_memory", "disk_cache_dir", "disk_cache_bytes",
+        "disk_load_timeout_s")}

@@ -39,6 +39,7 @@ class EngineArgs:
     host_cache_memory: int = 0           # bytes of host memory for pages/checkpoints evicted from the pool
     disk_cache_dir: str | None = None    # directory of the disk tier (survives restarts); None = off
     disk_cache_bytes: int | None = None  # byte budget of the disk tier (None = unbounded)
+    disk_load_timeout_s: float = 5.0     # a disk-tier load in flight longer is given up (recomputed)
     scheduler: str = "continuous"        # continuous | static (fixed batches run to completion)
     static_batch_size: int = 32          # static: requests per batch, taken in arrival order
     step_log_size: int = 100_000         # engine step records kept (ring buffer; /debug/steps)
@@ -87,6 +88,9 @@ class EngineArgs:
                 raise ValueError(f"{name} must be a {'positive' if name == 'disk_cache_bytes' else 'non-negative'} "
                                  f"integer number of {'entries' if name == 'num_checkpoints' else 'bytes'}, "
                                  f"got {v!r}")
+        t = self.disk_load_timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0 or t == float("inf"):
+            raise ValueError(f"disk_load_timeout_s must be a finite number of seconds > 0, got {t!r}")
         if (self.disk_cache_bytes is not None) and not self.disk_cache_dir:
             raise ValueError("disk_cache_bytes needs disk_cache_dir")
         if (self.host_cache_memory or self.disk_cache_dir) and not self.enable_prefix_caching:

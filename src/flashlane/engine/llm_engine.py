@@ -75,7 +75,8 @@ class LLMEngine:
             fingerprint += "|" + weights_fingerprint(self.model)
         try:
             self.cache = CacheManager(spec, plan, self.dtype, args.device, args.enable_prefix_caching, fingerprint,
-                                      args.host_cache_memory, args.disk_cache_dir, args.disk_cache_bytes)
+                                      args.host_cache_memory, args.disk_cache_dir, args.disk_cache_bytes,
+                                      args.disk_load_timeout_s)
         except OSError as e:
             raise ValueError(f"disk_cache_dir {args.disk_cache_dir!r} is not a writable directory: {e}") from e
         self.max_model_len = min(args.max_model_len or self.config.max_position_embeddings, plan.num_tokens)
@@ -153,7 +154,8 @@ class LLMEngine:
             self.cache.counters[k] = 0
 
     def close(self) -> None:
-        """Release what outlives requests: the cache tiers write back to disk and stop loading."""
+        """Release what outlives requests: the cache tiers write back to disk (bounded in time, best
+        effort: a disk fault is logged and counted, never raised) and stop loading."""
         self.cache.close()
 
     def _quant_report(self) -> dict | None:

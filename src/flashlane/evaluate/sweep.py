@@ -12,7 +12,8 @@ from ..engine.engine_args import EngineArgs
 
 MODEL_KEY = "model"   # a different checkpoint with the same tokenizer (e.g. a pruned one)
 # options that only change how the engine is driven or stored, never what it computes
-NOT_SWEPT = ("device", "skip_tokenizer_init", "disk_cache_dir", "disk_cache_bytes", "host_cache_memory")
+NOT_SWEPT = ("device", "skip_tokenizer_init", "disk_cache_dir", "disk_cache_bytes", "disk_load_timeout_s",
+             "host_cache_memory")
 
 
 @dataclass

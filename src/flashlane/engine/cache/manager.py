@@ -13,6 +13,9 @@ the latest page boundary of the output (kept rolling: a request keeps only its n
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from dataclasses import dataclass, field
 
 import psutil
@@ -26,6 +29,8 @@ from .page_pool import PagePool
 from .pools import allocate_pools, dtype_name
 from .snapshots import StateSnapshots
 from .tiers import CacheTiers
+
+log = logging.getLogger("flashlane.cache")
 
 
 @dataclass(frozen=True)
@@ -105,7 +110,8 @@ class PrefixMatch:
 class CacheManager:
     def __init__(self, spec: CacheSpec, plan: CachePlan, dtype: torch.dtype, device="cpu",
                  prefix_caching: bool = False, fingerprint: str = "", host_cache_memory: int = 0,
-                 disk_cache_dir: str | None = None, disk_cache_bytes: int | None = None):
+                 disk_cache_dir: str | None = None, disk_cache_bytes: int | None = None,
+                 disk_load_timeout_s: float = 5.0):
         self.spec = spec
         self.plan = plan
         rows = 1 + plan.num_slots + plan.num_checkpoints if spec.needs_state_slot else 0
@@ -118,7 +124,8 @@ class CacheManager:
         self._root = root_key(f"{fingerprint}|{spec.page_size}|{spec.kpool}|{dtype}|kv={kv}")
         self.tiers = None
         if prefix_caching and (host_cache_memory or disk_cache_dir):
-            self.tiers = CacheTiers(host_cache_memory, disk_cache_dir, disk_cache_bytes, namespace=self._root.hex())
+            self.tiers = CacheTiers(host_cache_memory, disk_cache_dir, disk_cache_bytes, namespace=self._root.hex(),
+                                    load_timeout_s=disk_load_timeout_s)
         self.pages = PagePool(plan.num_pages, on_evict=self._offload_page, on_forget=self._forget)
         self.slots = FreeList(plan.num_slots, "state slots")
         self.checkpoints = CheckpointPool(self.snapshots, 1 + plan.num_slots, plan.num_checkpoints,
@@ -145,6 +152,8 @@ class CacheManager:
     def _lookup(self, req) -> PrefixMatch:
         if not self.prefix_caching:
             return PrefixMatch()
+        if self.tiers is not None:
+            self.tiers.expire_loads()      # a load past its deadline no longer counts as on disk
         keys = self.block_keys(req, (req.num_tokens - 1) // self.page_size)
         pages: list[tuple[bytes, str, int]] = []
         for k in keys:
@@ -177,7 +186,8 @@ class CacheManager:
 
     def needs_load(self, match: PrefixMatch, req) -> bool:
         """True when part of the hit sits on disk and is not staged yet: start it loading off the
-        step (the request waits; others are not held up)."""
+        step (the request waits; others are not held up). Bounded: each such key is staged, found
+        unreadable or given up at the load deadline, and the next ``match`` no longer needs it."""
         wanted = [("page", k) for k, tier, _ in match.pages if tier == "disk"]
         if match.checkpoint and match.checkpoint[1] == "disk":
             wanted.append(("checkpoint", match.checkpoint[0]))
@@ -333,17 +343,51 @@ class CacheManager:
         if key in self.checkpoints and not (self.tiers and self.tiers.tier_of("page", key)):
             self.checkpoints.drop(key)
 
-    def close(self) -> None:
+    def close(self, writeback_timeout_s: float = 5.0) -> None:
         """Write back: every cached page and checkpoint goes to the disk tier (if there is one),
-        so a server restarted on the same directory finds them; then stop the loader thread."""
+        so a server restarted on the same directory finds them; then stop the loader thread.
+        Bounded and best effort: what is not written within ``writeback_timeout_s`` is skipped
+        (counted as ``disk_writeback_skipped``), and no tier fault is raised from here."""
         if self.tiers is None:
             return
-        if self.tiers.disk is not None:
-            for key, page in list(self.pages.page_of.items()):
-                self.tiers.persist("page", key, self.export_page(page))
-            for key, row in self.checkpoints.items():
-                self.tiers.persist("checkpoint", key, self.snapshots.export(row))
-        self.tiers.close()
+        try:
+            if self.tiers.disk is not None:
+                self._write_back(writeback_timeout_s)
+        except Exception:
+            log.exception("prefix cache write-back failed; skipped")
+        try:
+            self.tiers.close()
+        except Exception:
+            log.exception("prefix cache tiers did not close cleanly")
+
+    def _write_back(self, timeout_s: float) -> None:
+        entries = [("page", k, p) for k, p in self.pages.page_of.items()]
+        entries += [("checkpoint", k, row) for k, row in self.checkpoints.items()]
+        if not entries:
+            return
+        written = [0]
+        deadline = time.monotonic() + timeout_s
+
+        def run() -> None:
+            try:
+                for kind, key, where in entries:
+                    if time.monotonic() > deadline or not self.tiers.disk_writable:
+                        return
+                    data = self.export_page(where) if kind == "page" else self.snapshots.export(where)
+                    self.tiers.persist(kind, key, data)
+                    written[0] += 1
+            except Exception:
+                log.exception("prefix cache write-back failed; the rest is skipped")
+
+        # on a thread: one write stuck in the kernel (a hung filesystem) must not hold shutdown
+        worker = threading.Thread(target=run, name="flashlane-cache-writeback", daemon=True)
+        worker.start()
+        worker.join(timeout_s)
+        skipped = len(entries) - written[0]
+        if skipped:
+            self.tiers.count("disk_writeback_skipped", skipped)
+            log.warning("prefix cache write-back: %d of %d entries not written (deadline %gs, or the disk tier "
+                        "stopped taking writes); skipped", skipped, len(entries), timeout_s)
 
     # ---- reporting -------------------------------------------------------------------------------
     def usage(self) -> dict[str, int]:

@@ -1,31 +1,32 @@
-"""Lower tiers of the prefix cache: host memory, then files on disk.
+"""Lower tiers of the prefix cache: host memory, then files on disk (``disk_tier``).
 
 Pages and checkpoints evicted from the pool are exported (CPU tensors per pool) into the host
-tier, an LRU store with its own byte budget; what the host tier evicts goes to the disk tier,
-one file per entry under ``<dir>/<namespace>/``, where the namespace is the root block key (a
-fingerprint of the weights and the cache layout), so a server restarted on the same directory
-with the same model hits what the old one stored and any other model never sees it. A file is
-``blake2b digest || safetensors payload``; a digest mismatch or a payload that does not decode
-is counted, deleted and treated as a miss, never served. Disk reads run on a loader thread into
-a request's staging area, so a request waiting for disk does not hold up anyone's step.
+tier, an LRU store with its own byte budget; what the host tier evicts goes to the disk tier.
+Disk reads run on a loader thread (``disk_loader``) into a request's staging area, so a request
+waiting for disk does not hold up anyone's step. A load still in flight after
+``load_timeout_s`` is given up: the key is forgotten (the request recomputes that part) and a
+loader stuck in a read is replaced by a fresh one. The disk tier is best effort: whatever it
+does, serving goes on from the pool and the host tier.
 On a GPU the host tier would be pinned memory; on CPU both tiers are RAM/disk sized separately.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
+import logging
 import threading
-from collections import Counter, OrderedDict
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
 
 import torch
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 
-_DIGEST = 16
-Key = tuple[str, bytes]       # (kind, block key): kind is "page" or "checkpoint"
+from .disk_loader import DiskLoader
+from .disk_tier import DiskTier, Key, TierState
+from .rate_limited_log import RateLimitedLog
+
+log = logging.getLogger("flashlane.cache")
+
+__all__ = ["CacheTiers", "DiskTier", "HostTier", "Key", "TierState"]
 
 
 def _nbytes(data: dict[str, torch.Tensor]) -> int:
@@ -63,92 +64,37 @@ class HostTier:
         return out
 
 
-class DiskTier:
-    def __init__(self, root: str | os.PathLike, namespace: str, capacity: int | None):
-        self.dir = Path(root) / namespace
-        self.dir.mkdir(parents=True, exist_ok=True)
-        probe = self.dir / ".write-test"
-        probe.write_bytes(b"ok")
-        probe.unlink()
-        self.capacity = capacity
-        self._lock = threading.Lock()
-        self._index: OrderedDict[Key, int] = OrderedDict()       # key -> file bytes, oldest first
-        found = []
-        for f in self.dir.glob("*.st"):
-            key = self._key_of(f.name)
-            if key is not None:
-                st = f.stat()
-                found.append((st.st_mtime, key, st.st_size))
-        for _, key, size in sorted(found):
-            self._index[key] = size
-        self.used = sum(self._index.values())
-
-    @staticmethod
-    def _key_of(name: str) -> Key | None:
-        kind, _, rest = name[:-3].partition("-")
-        try:
-            return (kind, bytes.fromhex(rest)) if kind in ("page", "checkpoint") else None
-        except ValueError:
-            return None
-
-    def path(self, key: Key) -> Path:
-        return self.dir / f"{key[0]}-{key[1].hex()}.st"
-
-    def __contains__(self, key: Key) -> bool:
-        return key in self._index
-
-    def put(self, key: Key, data: dict) -> tuple[bool, int]:
-        """Write an entry; returns (stored, number of files evicted for room)."""
-        payload = st_save({k: v.contiguous() for k, v in data.items()})
-        blob = hashlib.blake2b(payload, digest_size=_DIGEST).digest() + payload
-        if self.capacity is not None and len(blob) > self.capacity:
-            return False, 0
-        evicted = 0
-        with self._lock:
-            if key in self._index:
-                return True, 0
-            while self.capacity is not None and self.used + len(blob) > self.capacity and self._index:
-                old, size = self._index.popitem(last=False)
-                self.used -= size
-                self.path(old).unlink(missing_ok=True)
-                evicted += 1
-        tmp = self.path(key).with_suffix(".tmp")
-        tmp.write_bytes(blob)
-        os.replace(tmp, self.path(key))
-        with self._lock:
-            self._index[key] = len(blob)
-            self.used += len(blob)
-        return True, evicted
-
-    def read(self, key: Key) -> dict | None:
-        """The entry, or None when it is missing, truncated or corrupt (the file is then removed)."""
-        try:
-            blob = self.path(key).read_bytes()
-            digest, payload = blob[:_DIGEST], blob[_DIGEST:]
-            if len(blob) <= _DIGEST or hashlib.blake2b(payload, digest_size=_DIGEST).digest() != digest:
-                raise ValueError("checksum mismatch")
-            return st_load(payload)
-        except Exception:
-            self.discard(key)
-            return None
-
-    def discard(self, key: Key) -> None:
-        with self._lock:
-            size = self._index.pop(key, None)
-            if size is not None:
-                self.used -= size
-        self.path(key).unlink(missing_ok=True)
+@dataclass(eq=False)
+class _Load:
+    key: Key
+    staged: dict
+    since: float              # submitted, then reset when the loader starts it
+    started: bool = False
 
 
 class CacheTiers:
-    def __init__(self, host_bytes: int, disk_dir: str | None, disk_bytes: int | None, namespace: str):
+    def __init__(self, host_bytes: int, disk_dir: str | None, disk_bytes: int | None, namespace: str,
+                 load_timeout_s: float = 5.0):
         self.host = HostTier(int(host_bytes)) if host_bytes else None
         self.disk = DiskTier(disk_dir, namespace, disk_bytes) if disk_dir else None
-        self.counters: Counter = Counter({k: 0 for k in (
+        self.load_timeout_s = load_timeout_s
+        self._counts: dict[str, int] = {k: 0 for k in (
             "host_page_writes", "host_checkpoint_writes", "host_evictions", "disk_page_writes",
-            "disk_checkpoint_writes", "disk_evictions", "disk_reads", "disk_corrupt")})
-        self._loader: ThreadPoolExecutor | None = None
-        self._in_flight: set[Key] = set()
+            "disk_checkpoint_writes", "disk_evictions", "disk_reads", "disk_load_timeouts",
+            "disk_writeback_skipped")}
+        self._lock = threading.Lock()
+        self._loader: DiskLoader | None = None
+        self._in_flight: dict[Key, _Load] = {}
+        self._log = RateLimitedLog(log)
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """Tier counters, the disk tier's faults included (``disk_errors_<op>``, ``disk_rejected``...)."""
+        return {**self._counts, **(self.disk.counters if self.disk is not None else {})}
+
+    def count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[name] += n
 
     def tier_of(self, kind: str, key: bytes) -> str | None:
         k = (kind, key)
@@ -162,20 +108,25 @@ class CacheTiers:
         """An entry of the host tier (disk entries come through ``prefetch``)."""
         return self.host.get((kind, key))
 
+    # ---- writing ---------------------------------------------------------------------------------
     def put(self, kind: str, key: bytes, data: dict) -> bool:
         """Keep an entry evicted from the pool; False when no tier has room for it."""
         k = (kind, key)
         if self.host is None:
             return self._to_disk(k, data)
         spilled = self.host.put(k, data)
-        self.counters[f"host_{kind}_writes"] += 1
+        self.count(f"host_{kind}_writes")
         kept = True
         for sk, sd in spilled:
-            self.counters["host_evictions"] += 1
+            self.count("host_evictions")
             stored = self._to_disk(sk, sd)
             if sk == k:
                 kept = stored
         return kept
+
+    @property
+    def disk_writable(self) -> bool:
+        return self.disk is not None and self.disk.state == TierState.READ_WRITE
 
     def persist(self, kind: str, key: bytes, data: dict) -> bool:
         """Write an entry straight to disk (write-back at shutdown)."""
@@ -184,40 +135,86 @@ class CacheTiers:
     def _to_disk(self, key: Key, data: dict) -> bool:
         if self.disk is None:
             return False
-        stored, evicted = self.disk.put(key, data)
-        self.counters[f"disk_{key[0]}_writes"] += int(stored)
-        self.counters["disk_evictions"] += evicted
+        try:
+            stored, evicted = self.disk.put(key, data)
+        except Exception as e:      # DiskTier handles OSError; nothing else may reach the engine either
+            self._log.warning(f"write {type(e).__name__}", f"prefix cache disk tier: write failed ({e!r}); skipped")
+            return False
+        self.count(f"disk_{key[0]}_writes", int(stored))
+        self.count("disk_evictions", evicted)
         return stored
 
+    # ---- loading ---------------------------------------------------------------------------------
     def prefetch(self, keys: list[Key], staged: dict) -> None:
-        """Read disk entries into ``staged`` on the loader thread (corrupt ones are dropped)."""
-        todo = [k for k in keys if k not in self._in_flight]
+        """Read disk entries into ``staged`` on the loader thread (unreadable ones are dropped)."""
+        if self.disk is None:
+            return
+        now = time.monotonic()
+        with self._lock:
+            todo = [_Load(k, staged, now) for k in keys if k not in self._in_flight and k in self.disk]
+            for load in todo:
+                self._in_flight[load.key] = load
         if not todo:
             return
-        self._in_flight.update(todo)
         if self._loader is None:
-            self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flashlane-cache-load")
-        self._loader.submit(self._load, todo, staged)
+            self._loader = DiskLoader(self._load)
+        for load in todo:
+            self._loader.submit(load)
 
-    def _load(self, keys: list[Key], staged: dict) -> None:
-        for k in keys:
-            data = self.disk.read(k)
-            if data is None:
-                self.counters["disk_corrupt"] += 1
-            else:
-                staged[k] = data
-                self.counters["disk_reads"] += 1
-            self._in_flight.discard(k)
+    def expire_loads(self) -> None:
+        """Give up loads in flight past the deadline: their keys are forgotten, so the next lookup
+        stops at them and the request recomputes that part. A loader stuck in a read is replaced
+        first (the loads queued behind it move to the fresh one and restart their clock)."""
+        if not self._in_flight:
+            return
+        now, deadline = time.monotonic(), self.load_timeout_s
+        if self._loader is not None and self._loader.stuck(deadline, now):
+            self._loader = self._loader.replace()
+            with self._lock:
+                for load in self._in_flight.values():
+                    if not load.started:
+                        load.since = now
+        with self._lock:
+            expired = [load for load in self._in_flight.values() if now - load.since > deadline]
+            for load in expired:
+                del self._in_flight[load.key]
+                self._counts["disk_load_timeouts"] += 1
+        for load in expired:
+            self.disk.forget(load.key)
+            self._log.warning("load timeout", f"prefix cache disk tier: loading {self.disk.path(load.key).name} "
+                                              f"took over {deadline:g}s (disk_load_timeout_s); given up, recomputed")
 
+    def _load(self, load: _Load) -> None:
+        with self._lock:
+            if self._in_flight.get(load.key) is not load:       # given up before it started
+                return
+            load.since, load.started = time.monotonic(), True
+        try:
+            data = self.disk.read(load.key)
+        except Exception as e:      # DiskTier handles OSError; a miss whatever else goes wrong
+            self._log.warning(f"read {type(e).__name__}", f"prefix cache disk tier: read failed ({e!r}); skipped")
+            self.disk.forget(load.key)
+            data = None
+        with self._lock:
+            if self._in_flight.get(load.key) is not load:       # given up while reading
+                return
+            del self._in_flight[load.key]
+            if data is not None:
+                load.staged[load.key] = data
+                self._counts["disk_reads"] += 1
+
+    # ---- reporting and shutdown ------------------------------------------------------------------
     def usage(self) -> dict[str, int]:
         out = {}
         if self.host is not None:
             out.update(host_cache_bytes_used=self.host.used, host_cache_bytes_total=self.host.capacity)
         if self.disk is not None:
-            out.update(disk_cache_bytes_used=self.disk.used, disk_cache_bytes_total=self.disk.capacity or 0)
+            out.update(disk_cache_bytes_used=self.disk.used, disk_cache_bytes_total=self.disk.capacity or 0,
+                       disk_cache_state=int(self.disk.state))
         return out
 
-    def close(self) -> None:
-        if self._loader is not None:
-            self._loader.shutdown(wait=True)
-            self._loader = None
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Stop the loader; one stuck in a read is abandoned (a daemon thread) after ``timeout_s``."""
+        loader, self._loader = self._loader, None
+        if loader is not None and not loader.stop(timeout_s):
+            log.warning("prefix cache disk loader still busy %gs after shutdown began; abandoned", timeout_s)
