@@ -10,11 +10,11 @@ import threading
 import time
 
 import httpx
-import uvicorn
 
 from flashlane.engine.async_engine import AsyncEngine
 from flashlane.server.app import create_app
 from flashlane.server.connections import ConnectionLimits, uvicorn_config
+from flashlane.server.shutdown import ShutdownDeadlineServer
 
 # small pools: every test server allocates its own cache
 ENGINE_ARGS = dict(dtype="float32", cache_memory=48 << 20, max_model_len=512)
@@ -55,21 +55,24 @@ class LiveServer:
     def __init__(self, loaded, served_model_name: str = "tiny-flash", api_key: str | None = None,
                  max_queue: int | None = None, max_body_bytes: int | None = None, graceful_s: float = 5.0,
                  connection_limits: ConnectionLimits | None = None, max_seqs_per_request: int | None = None,
-                 engine=None, **engine_args):
-        """``engine``: an engine to serve (e.g. an EngineCoreClient); default: an AsyncEngine of ``loaded``."""
+                 engine=None, max_tokens_default: int | None = None, **engine_args):
+        """``engine``: an engine to serve (e.g. an EngineCoreClient); default: an AsyncEngine of ``loaded``.
+        ``graceful_s``: the shutdown deadline (`serve --shutdown-timeout`)."""
         self.engine = engine if engine is not None else AsyncEngine(loaded, **{**ENGINE_ARGS, **engine_args})
         kw = {} if max_body_bytes is None else {"max_body_bytes": max_body_bytes}
         if max_seqs_per_request is not None:
             kw["max_seqs_per_request"] = max_seqs_per_request
+        if max_tokens_default is not None:
+            kw["max_tokens_default"] = max_tokens_default
         self.app = create_app(self.engine, served_model_name, api_key=api_key, max_queue=max_queue, **kw)
         self.model = served_model_name
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
-        # the protocol and timeouts `flashlane serve` runs with
-        self.server = uvicorn.Server(uvicorn_config(self.app, "127.0.0.1", self.port, connection_limits,
-                                                    log_level="warning", timeout_graceful_shutdown=graceful_s,
-                                                    access_log=False))
+        # the protocol, timeouts and shutdown deadline `flashlane serve` runs with
+        config = uvicorn_config(self.app, "127.0.0.1", self.port, connection_limits, log_level="warning",
+                                timeout_graceful_shutdown=graceful_s, access_log=False)
+        self.server = ShutdownDeadlineServer(config, self.app.state.ctx)
         self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
 
     def __enter__(self) -> "LiveServer":

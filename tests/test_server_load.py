@@ -207,7 +207,9 @@ def test_shutdown_drains_short_requests_and_fails_long_ones(loaded):
         for c in (c1, c2):
             c.close()
     assert short_lines[-1] == "data: [DONE]"  # drained: finished within the graceful period
-    assert "data: [DONE]" not in long_lines   # failed: cut when the period ran out
+    # aborted when the period ran out: an error event, then [DONE] (issue 21)
+    assert long_lines[-1] == "data: [DONE]"
+    assert json.loads(long_lines[-2][len("data: "):])["error"]["code"] == "service_unavailable"
     assert not srv.engine.alive
     assert not srv.engine.engine.requests
     usage = srv.engine.engine.cache.usage()

@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 
+from ..engine.restart_policy import DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_BACKOFF_S, MAX_BACKOFF_S, RESTART_WINDOW_S
 from ..server.body_limits import DEFAULT_MAX_SEQS_PER_REQUEST
 from .engine_flags import _writable_dir, add_engine_flags, engine_kwargs
 from .help import HelpFormatter
@@ -31,7 +32,11 @@ def add_parser(sub):
     p.add_argument("--max-body-bytes", type=int, default=None,
                    help="largest request body, 413 above (default: 32 MiB)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
-                   help="seconds in-flight requests may drain on shutdown before they are aborted")
+                   help="seconds in-flight requests may drain on shutdown; then each is aborted and answered "
+                        "503 (a stream: an error event and [DONE])")
+    p.add_argument("--max-tokens-default", type=int, default=None, metavar="N",
+                   help="tokens to generate when a request sets no max_tokens (chat: nor max_completion_tokens), "
+                        "never more than fits the context (default: completions 16, chat the rest of the context)")
     p.add_argument("--max-seqs-per-request", type=int, default=DEFAULT_MAX_SEQS_PER_REQUEST,
                    help="engine sequences (prompts x n) one request may ask for; more get 400 before anything "
                         "is tokenised")
@@ -51,8 +56,16 @@ def add_parser(sub):
                    help="run the scheduler and the model in their own process (owning the torch threads; "
                         "HTTP, tokenising and streaming stay here, so neither waits on the other's GIL or "
                         "OpenMP pool; without --num-threads it takes all CPUs but one); if that process dies, "
-                        "requests get 503 and /health turns unhealthy. "
+                        "the requests in it get 503, the death and its cause are logged and another process is "
+                        "started (see --engine-restarts). "
                         "--no-engine-process steps the engine on a thread of the server process (default: on)")
+    p.add_argument("--engine-restarts", type=int, default=DEFAULT_MAX_RESTARTS, metavar="N",
+                   help=f"times a dead engine process is started again within {RESTART_WINDOW_S / 60:g} minutes; "
+                        "one more death and it stays dead (/health answers 503 'error'). While it restarts, "
+                        "/health answers 503 'restarting' and requests get 503 with Retry-After. 0: never restart")
+    p.add_argument("--engine-restart-backoff", type=float, default=DEFAULT_RESTART_BACKOFF_S, metavar="SECONDS",
+                   help="wait before the first restart; it doubles with each restart within that window, "
+                        f"up to {MAX_BACKOFF_S:g} s")
     p.add_argument("--profile-dir", type=_writable_dir, default=None, metavar="DIR",
                    help="enable POST /start_profile and /stop_profile: a torch.profiler window over live "
                         "traffic, written to DIR as a Chrome/Perfetto trace (default: off, the endpoints answer 404)")
@@ -61,26 +74,29 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    import uvicorn
-
     from ..engine.async_engine import AsyncEngine
-    from ..engine.core_client import EngineCoreClient
+    from ..engine.core_supervisor import EngineCoreSupervisor
     from ..server.app import DEFAULT_MAX_BODY_BYTES, create_app
     from ..server.connections import uvicorn_config
+    from ..server.shutdown import ShutdownDeadlineServer
 
     if args.max_queue is not None and args.max_queue < 0:
         raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
+    if args.max_tokens_default is not None and args.max_tokens_default < 1:
+        raise ValueError(f"--max-tokens-default must be >= 1, got {args.max_tokens_default}")
     api_key = resolve_api_key(args.api_key)
     limits = connection_limits(args)  # bad values fail before the model loads
     # the port is taken before the (slow) model load, so a busy one fails at once, and is
     # listening before the start-up line says so
     sock = bind_socket(args.host, args.port)
     try:
-        engine_class = EngineCoreClient if args.engine_process else AsyncEngine
-        engine = engine_class(args.model, **engine_kwargs(args))
+        engine = (EngineCoreSupervisor(args.model, max_restarts=args.engine_restarts,
+                                       restart_backoff=args.engine_restart_backoff, **engine_kwargs(args))
+                  if args.engine_process else AsyncEngine(args.model, **engine_kwargs(args)))
         app = create_app(engine, served_model_name=args.served_model_name or args.model, api_key=api_key,
                          max_queue=args.max_queue, max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
-                         max_seqs_per_request=args.max_seqs_per_request, profile_dir=args.profile_dir)
+                         max_seqs_per_request=args.max_seqs_per_request, profile_dir=args.profile_dir,
+                         max_tokens_default=args.max_tokens_default)
         listen(sock, args.host, args.port)
         port = sock.getsockname()[1]
         host = f"[{args.host}]" if ":" in args.host else args.host
@@ -93,7 +109,7 @@ def run(args) -> int:
         level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
         config = uvicorn_config(app, args.host, port, limits, log_level=level,
                                 timeout_graceful_shutdown=args.shutdown_timeout, access_log=False)
-        server = uvicorn.Server(config)
+        server = ShutdownDeadlineServer(config, app.state.ctx)
         try:
             server.run(sockets=[sock])
         except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it shut down on (as uvicorn.run does)

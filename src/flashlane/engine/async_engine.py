@@ -20,8 +20,9 @@ from .info import EngineInfo
 from .llm_engine import LLMEngine
 from .outputs import RequestOutput
 from .profiling import StepProfiler, write_window
+from .request_batches import abort_each, add_all
 from .sampling_params import SamplingParams
-from .serving_engine import request_outputs
+from .serving_engine import merged_outputs, request_outputs
 
 
 class EngineDeadError(RuntimeError):
@@ -71,6 +72,11 @@ class AsyncEngine:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self.error is None
 
+    @property
+    def state(self) -> str:
+        """"running" or "dead": a thread of this process cannot be restarted."""
+        return "running" if self.alive else "dead"
+
     # ---- requests ----------------------------------------------------------------------------
     async def generate(self, request_id: str, prompt: str | list[int],
                        params: SamplingParams) -> AsyncIterator[RequestOutput]:
@@ -93,8 +99,39 @@ class AsyncEngine:
             async for out in outs:
                 yield out
 
+    async def generate_many(self, requests: list[tuple[str, list[int], SamplingParams]]
+                            ) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """``generate`` for many ``(request_id, prompt, params)`` at once, their outputs merged as
+        ``(index in requests, output)``: added by one command (all or none), aborted by one if
+        the consumer goes away before all have finished."""
+        if not self.alive:
+            raise EngineDeadError(f"engine is not running: {self.error!r}")
+        q: asyncio.Queue = asyncio.Queue()
+        index = {rid: i for i, (rid, _, _) in enumerate(requests)}
+        target = (asyncio.get_running_loop(), q)
+        for rid in index:
+            self._streams[rid] = target
+        try:
+            await asyncio.wrap_future(self._call(add_all, self.engine, requests))
+        except BaseException as exc:
+            for rid in index:
+                self._streams.pop(rid, None)
+            if not isinstance(exc, Exception):  # cancelled while the add may have gone through
+                self.abort_many(list(index))
+            raise
+        async with aclosing(merged_outputs(q, self._streams, index, self.abort_many)) as outs:
+            async for item in outs:
+                yield item
+
     def abort(self, request_id: str) -> concurrent.futures.Future:
         return self._call(self.engine.abort, request_id)
+
+    def abort_many(self, request_ids: list[str]) -> concurrent.futures.Future:
+        return self._call(abort_each, self.engine, list(request_ids))
+
+    def abort_all(self) -> concurrent.futures.Future:
+        """Abort every in-flight request without waiting; each stream gets its final output."""
+        return self._call(self._abort_all)
 
     def stats(self) -> dict:
         return self.engine.stats()

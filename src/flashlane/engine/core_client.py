@@ -26,8 +26,10 @@ from .core_process import run_engine_core
 from .info import EngineInfo
 from .output_deltas import DeltaDecoder
 from .outputs import RequestOutput
+from .process_exit import describe_exit
+from .request_batches import add_slices
 from .sampling_params import SamplingParams
-from .serving_engine import request_outputs
+from .serving_engine import merged_outputs, request_outputs
 
 
 class EngineCoreClient:
@@ -54,10 +56,16 @@ class EngineCoreClient:
         self._closing = False
         self._last_snapshot: dict = {}
         self.error: BaseException | None = None
+        self.traceback: str | None = None     # the child's, when a step crashed
+        self.exited = threading.Event()       # set once everything in flight has been failed
 
     @property
     def pid(self) -> int | None:
         return self._proc.pid
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._proc.exitcode
 
     def _wait_ready(self) -> tuple[EngineInfo, object]:
         while True:
@@ -74,7 +82,7 @@ class EngineCoreClient:
                 self._proc.join(10)
                 raise msg[1]
         self._proc.join(10)
-        raise RuntimeError(f"the engine process exited while loading the model (exit code {self._proc.exitcode})")
+        raise RuntimeError(f"the engine process exited while loading the model ({describe_exit(self._proc.exitcode)})")
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -114,6 +122,10 @@ class EngineCoreClient:
     def alive(self) -> bool:
         return bool(self._threads) and self.error is None and not self._closing and self._proc.is_alive()
 
+    @property
+    def state(self) -> str:
+        return "running" if self.alive else "dead"
+
     # ---- requests ----------------------------------------------------------------------------
     async def generate(self, request_id: str, prompt: str | list[int],
                        params: SamplingParams) -> AsyncIterator[RequestOutput]:
@@ -135,9 +147,52 @@ class EngineCoreClient:
             async for out in outs:
                 yield out
 
+    async def generate_many(self, requests: list[tuple[str, list[int], SamplingParams]]
+                            ) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """``generate`` for many ``(request_id, prompt, params)`` at once, their outputs merged as
+        ``(index in requests, output)``: submitted in a few "add_many" calls (``add_slices``),
+        aborted with one "abort_many" if the consumer goes away before all have finished."""
+        q: asyncio.Queue = asyncio.Queue()
+        index = {rid: i for i, (rid, _, _) in enumerate(requests)}
+        with self._lock:
+            if not self.alive:
+                raise EngineDeadError(f"engine is not running: {self.error!r}")
+            target = (asyncio.get_running_loop(), q)
+            for rid in index:
+                self._streams[rid] = target
+        added: list[str] = []   # request ids whose add went through
+        try:
+            for part in add_slices(requests):
+                call = self._call("add_many", part)
+                try:
+                    await asyncio.wrap_future(call)
+                except BaseException as exc:
+                    if not isinstance(exc, Exception):  # cancelled while this add may have gone through
+                        added.extend(rid for rid, _, _ in part)
+                    raise
+                added.extend(rid for rid, _, _ in part)
+        except BaseException:
+            for rid in index:
+                self._streams.pop(rid, None)
+            if added:
+                self.abort_many(added)
+            raise
+        async with aclosing(merged_outputs(q, self._streams, index, self.abort_many)) as outs:
+            async for item in outs:
+                yield item
+
     def abort(self, request_id: str) -> None:
         if self.alive:
             self._outbox.put(("abort", request_id))
+
+    def abort_many(self, request_ids: list[str]) -> None:
+        """Abort these requests with one message; nobody listens to them any more."""
+        if self.alive:
+            self._outbox.put(("abort_many", list(request_ids)))
+
+    def abort_all(self) -> concurrent.futures.Future:
+        """Abort every in-flight request without waiting; each stream gets its final output."""
+        return self._call("abort_all")
 
     async def stats_snapshot(self, timeout: float = 5.0) -> dict:
         """The engine's stats and finish reasons, taken between two steps; the last ones taken
@@ -196,7 +251,7 @@ class EngineCoreClient:
             reason = "exited"
         self._proc.join(1)
         self._die(reason if reason != "exited" else
-                  f"the engine process exited (exit code {self._proc.exitcode})")
+                  f"the engine process exited ({describe_exit(self._proc.exitcode)})")
 
     def _receive(self, msg) -> str | None:
         """Dispatch one message; a reason string when the child announced its death."""
@@ -213,6 +268,7 @@ class EngineCoreClient:
             if fut is not None and fut.set_running_or_notify_cancel():
                 (fut.set_result if ok else fut.set_exception)(value)
         elif kind == "dead":
+            self.traceback = msg[2]
             return msg[1]
         return None
 
@@ -230,6 +286,7 @@ class EngineCoreClient:
             if fut.set_running_or_notify_cancel():
                 fut.set_exception(dead)
         self._outbox.put(None)  # the sender stops too
+        self.exited.set()
 
 
 def _put(target: tuple[asyncio.AbstractEventLoop, asyncio.Queue], item) -> None:

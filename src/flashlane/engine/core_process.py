@@ -4,11 +4,14 @@ steps; the HTTP process talks to it over one multiprocessing Pipe (``core_client
 Messages (pickled tuples), parent -> child:
   ("call", call_id, method, args)   answered by ("reply", call_id, ok, value or exception)
   ("abort", request_id)             fire and forget (its final output is sent like any other)
+  ("abort_many", [request_id, ...]) fire and forget; the parent stopped listening to them, so only
+                                    requests that already sent an output send their last one
   ("stop",)                         close the engine and exit
 child -> parent:
   ("ready", EngineInfo, tokenizer)  once, after the model loaded (or ("failed", exception))
   ("outputs", [delta, ...])         after every step that produced any (``output_deltas.py``)
-  ("dead", message)                 a step crashed; the process exits right after
+  ("dead", message, traceback)      a step crashed (the formatted traceback); the process exits
+                                    right after
 
 The child ignores SIGINT (Ctrl-C reaches the whole process group; the HTTP process decides how
 to shut down) and exits when the pipe closes, so it never outlives its server.
@@ -19,11 +22,15 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import traceback
 
 from ..kernels.profiling import profiling_range
 from .llm_engine import LLMEngine
 from .output_deltas import DeltaEncoder
 from .profiling import StepProfiler, write_window
+from .request_batches import abort_each, add_all
+
+OUTPUT_SLICE_IDS = 1 << 20   # prompt ids per outputs message (first outputs carry their prompt)
 
 
 class _Core:
@@ -36,8 +43,18 @@ class _Core:
         self.deltas = DeltaEncoder()
 
     def send_outputs(self, outputs) -> None:
-        if outputs:
-            self.conn.send(("outputs", [self.deltas.encode(out) for out in outputs]))
+        """In messages of about OUTPUT_SLICE_IDS prompt ids at most: the parent unpickles each
+        one holding its GIL."""
+        batch, ids = [], 0
+        for out in outputs:
+            delta = self.deltas.encode(out)
+            batch.append(delta)
+            ids += len(out.prompt_token_ids) if delta[1] is not None else 0
+            if ids >= OUTPUT_SLICE_IDS:
+                self.conn.send(("outputs", batch))
+                batch, ids = [], 0
+        if batch:
+            self.conn.send(("outputs", batch))
 
     def abort(self, request_id: str) -> None:
         out = self.engine.abort(request_id)
@@ -46,6 +63,13 @@ class _Core:
 
     def add(self, request_id: str, prompt, params) -> None:
         self.engine.add_request(request_id, prompt, params)
+
+    def add_many(self, requests: list[tuple]) -> None:
+        add_all(self.engine, requests)
+
+    def abort_many(self, request_ids: list[str]) -> None:
+        outs = abort_each(self.engine, request_ids)
+        self.send_outputs([out for out in outs if self.deltas.started(out.request_id)])
 
     def abort_all(self) -> None:
         self.send_outputs([out for rid in list(self.engine.requests) if (out := self.engine.abort(rid)) is not None])
@@ -78,6 +102,8 @@ def _handle(core: _Core, msg) -> bool:
     kind = msg[0]
     if kind == "abort":
         core.abort(msg[1])
+    elif kind == "abort_many":
+        core.abort_many(msg[1])
     elif kind == "call":
         _, call_id, method, args = msg
         try:
@@ -124,7 +150,7 @@ def run_engine_core(model: str, engine_args: dict, conn) -> None:
         pass  # the HTTP process is gone: nobody left to serve
     except BaseException as exc:
         try:
-            conn.send(("dead", f"engine step failed: {exc!r}"))
+            conn.send(("dead", f"engine step failed: {exc!r}", traceback.format_exc()))
         finally:
             raise
     finally:

@@ -19,6 +19,10 @@ class DeltaEncoder:
     def __init__(self):
         self._sent: dict[str, tuple[int, int]] = {}   # request id -> (logprobs, token times) sent
 
+    def started(self, request_id: str) -> bool:
+        """Whether an output of this unfinished request was encoded already."""
+        return request_id in self._sent
+
     def encode(self, out: RequestOutput) -> tuple:
         rid = out.request_id
         first = rid not in self._sent

@@ -1,5 +1,6 @@
 """What the HTTP server needs from an engine, whichever runs it: ``AsyncEngine`` (a thread of the
-server process) or ``EngineCoreClient`` (an engine-core process of its own)."""
+server process), ``EngineCoreClient`` (an engine-core process of its own) or
+``EngineCoreSupervisor`` (such a process, started again when it dies)."""
 
 from __future__ import annotations
 
@@ -19,12 +20,22 @@ class ServingEngine(Protocol):
     @property
     def alive(self) -> bool: ...
 
+    @property
+    def state(self) -> str: ...  # "running", "restarting" (a supervised engine process) or "dead"
+
     def start(self) -> None: ...
 
     def shutdown(self, timeout: float = 10.0) -> None: ...
 
+    def abort_all(self) -> object: ...  # a future; does not wait for the aborts
+
     def generate(self, request_id: str, prompt: str | list[int],
                  params: SamplingParams) -> AsyncIterator[RequestOutput]: ...
+
+    def generate_many(self, requests: list[tuple[str, list[int], SamplingParams]]
+                      ) -> AsyncIterator[tuple[int, RequestOutput]]: ...  # (index in requests, output)
+
+    def abort_many(self, request_ids: list[str]) -> object: ...
 
     async def stats_snapshot(self, timeout: float = 5.0) -> dict: ...
 
@@ -55,3 +66,32 @@ async def request_outputs(q: asyncio.Queue, streams: dict, request_id: str,
         streams.pop(request_id, None)
         if not finished:
             abort(request_id)
+
+
+MERGED_BURST = 64   # outputs handed on before the consumer yields to the event loop once
+
+
+async def merged_outputs(q: asyncio.Queue, streams: dict, index: dict[str, int],
+                         abort_many: Callable[[list[str]], object]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """``request_outputs`` for many requests sharing one queue: ``(index[request_id], output)``
+    through every request's finished output. However the consumer leaves, the stream entries go;
+    the requests not finished are aborted together."""
+    left = set(index)
+    burst = 0
+    try:
+        while left:
+            out = await q.get()
+            if isinstance(out, BaseException):
+                raise out
+            if out.finished:
+                left.discard(out.request_id)
+            yield index[out.request_id], out
+            burst += 1
+            if burst == MERGED_BURST:  # q.get() on a queue that is never empty does not suspend
+                burst = 0
+                await asyncio.sleep(0)
+    finally:
+        for rid in index:
+            streams.pop(rid, None)
+        if left:
+            abort_many(list(left))

@@ -9,6 +9,7 @@ connections drain for its graceful-shutdown timeout).
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from contextlib import asynccontextmanager
 
@@ -24,11 +25,14 @@ from .context import ServerContext
 from .debug_steps import debug_steps_router
 from .errors import install_error_handlers
 from .guard import GuardedRoute, MemoryReleaser, ReleaseMemoryAfterLargeBodies
+from .head import HeadAsGet
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .middleware import CountStatus, LimitBody, RequireApiKey
 from .profiling import profile_router
 from .protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse,
                        ErrorResponse, ModelCard, ModelList)
+from .retry_after import RetryAfterWhileRestarting
+from .shutdown import AnswerCancelledAtShutdown
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 
@@ -40,19 +44,24 @@ _STREAM = {"content": {"text/event-stream": {}}, "description": "JSON, or SSE ev
 
 def create_app(engine: ServingEngine, served_model_name: str | None = None, api_key: str | None = None,
                max_queue: int | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST, profile_dir: str | None = None) -> FastAPI:
+               max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST, profile_dir: str | None = None,
+               max_tokens_default: int | None = None) -> FastAPI:
     """``max_queue``: sequences allowed to wait beyond the engine's running capacity (None: no
     bound); more are refused with 429. ``max_seqs_per_request``: engine requests (prompts x n)
     one HTTP request may ask for; more are refused with 400 before anything is tokenised.
-    ``profile_dir``: where ``POST /stop_profile`` writes traces (None: the profile endpoints answer 404)."""
+    ``profile_dir``: where ``POST /stop_profile`` writes traces (None: the profile endpoints answer 404).
+    ``max_tokens_default``: tokens to generate when a request names no max_tokens (None: completions
+    16, chat the rest of the context)."""
     info = engine.info
     name = served_model_name or info.model
     if max_queue is not None and max_queue < 0:
         raise ValueError(f"max_queue must be >= 0, got {max_queue}")
     if max_seqs_per_request < 1:
         raise ValueError(f"max_seqs_per_request must be >= 1, got {max_seqs_per_request}")
+    if max_tokens_default is not None and max_tokens_default < 1:
+        raise ValueError(f"max_tokens_default must be >= 1, got {max_tokens_default}")
     limit = None if max_queue is None else info.max_running + max_queue
-    ctx = ServerContext(engine, name, ServerMetrics(name), Admission(limit))
+    ctx = ServerContext(engine, name, ServerMetrics(name), Admission(limit), max_tokens_default=max_tokens_default)
     max_len = info.max_model_len
     ctx.body_limits = BodyLimits(max_model_len=max_len, chars_per_token=chars_per_token(engine.tokenizer),
                                  max_seqs=max_seqs_per_request, max_messages=max_len)
@@ -65,6 +74,9 @@ def create_app(engine: ServingEngine, served_model_name: str | None = None, api_
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         engine.start()
+        # what start-up made (~220k objects: model code, tokenizer) leaves the cyclic GC's full
+        # collections, which otherwise hold the GIL 0.15-0.35 s while a large request is served
+        gc.freeze()
         try:
             yield
         finally:
@@ -78,9 +90,12 @@ def create_app(engine: ServingEngine, served_model_name: str | None = None, api_
 
     @app.get("/health", responses={503: {"model": ErrorResponse}})
     async def health():
-        if not engine.alive:
-            return JSONResponse({"status": "error", "error": repr(engine.error)}, status_code=503)
-        return {"status": "ok"}
+        state = engine.state   # running, restarting (a supervised engine process) or dead
+        if state == "running":
+            return {"status": "ok"}
+        # a restarting engine's 503 gets Retry-After from RetryAfterWhileRestarting
+        return JSONResponse({"status": "restarting" if state == "restarting" else "error",
+                             "error": repr(engine.error)}, status_code=503)
 
     # HEAD: the same status without a body (what load balancers and `curl -I` send)
     app.head("/health", operation_id="health_head", responses={503: {"model": ErrorResponse}})(health)
@@ -120,10 +135,14 @@ def create_app(engine: ServingEngine, served_model_name: str | None = None, api_
 
     app.include_router(generation)
 
-    # outermost last: count every status, then check the key, then the body size, then give
-    # memory back after large bodies
+    # outermost last: count every status, answer requests cancelled at shutdown, then check the
+    # key, then the body size, then give memory back after large bodies, then add Retry-After to
+    # 503s while the engine restarts, then route HEAD as GET
+    app.add_middleware(HeadAsGet)
+    app.add_middleware(RetryAfterWhileRestarting, engine=engine)
     app.add_middleware(ReleaseMemoryAfterLargeBodies, releaser=MemoryReleaser())
     app.add_middleware(LimitBody, max_bytes=max_body_bytes)
     app.add_middleware(RequireApiKey, api_key=api_key)
+    app.add_middleware(AnswerCancelledAtShutdown, admission=ctx.admission)  # see shutdown.py
     app.add_middleware(CountStatus, metrics=ctx.metrics)
     return app

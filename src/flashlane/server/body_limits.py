@@ -262,7 +262,10 @@ def _count_values(v, limit: int, param: str | None, servable: str | None) -> int
             stack.extend(v.values())
             count += len(v)
         elif isinstance(v, list):
-            stack.extend(v)
+            if _only_scalars(v):  # e.g. a prompt's token ids: counted without visiting each
+                count += len(v)
+            else:
+                stack.extend(v)
         if count > limit:
             if param is None:
                 return limit + 1
@@ -290,12 +293,20 @@ def _find_surrogate(v, path: str):
             found = _find_surrogate(item, sub)
             if found:
                 return found
-    elif isinstance(v, list):
+    elif isinstance(v, list) and not _only_scalars(v):
         for i, item in enumerate(v):
             found = _find_surrogate(item, f"{path}.{i}" if path else str(i))
             if found:
                 return found
     return None
+
+
+_SCALARS = frozenset({int, float, bool, type(None)})
+
+
+def _only_scalars(items: list) -> bool:
+    """No strings or containers among ``items`` (one pass in C, not a Python loop)."""
+    return set(map(type, items)) <= _SCALARS
 
 
 def _printable(s) -> str:

@@ -13,7 +13,7 @@ from .errors import bad_request
 from .jobs import Job, run_jobs
 from .logprobs import TokenText, completion_logprobs, new_entries
 from .protocol import CompletionRequest
-from .serving import Finished, generate, stream_error, usage
+from .serving import Finished, check_stream_not_aborted, generate, stream_error, usage
 from .streaming import DONE, sse
 
 
@@ -84,6 +84,7 @@ async def _stream(ctx: ServerContext, rid: str, body: CompletionRequest, jobs: l
     try:
         async with aclosing(run_jobs(ctx.engine, rid, jobs, ctx.metrics)) as outs:
             async for job, out in outs:
+                check_stream_not_aborted(ctx, rid, out)
                 produced[job.index] = len(out.token_ids)
                 lp = None
                 if body.logprobs is not None:

@@ -10,11 +10,12 @@ from ..engine.sampling_params import SamplingParams
 from ..engine.serving_engine import ServingEngine
 from .admission import Admission
 from .body_limits import BodyLimits, Refusal, check_text
-from .errors import APIError, bad_request
+from .errors import APIError, bad_request, clip
 from .metrics import ServerMetrics
 from .protocol import MAX_LOGPROBS
 
 OFFLOAD_CHARS = 16_384
+OFFLOAD_IDS = 65_536   # prompts holding at least this many token ids are checked on a worker thread
 
 
 @dataclass
@@ -25,6 +26,7 @@ class ServerContext:
     admission: Admission
     body_limits: BodyLimits | None = None   # what can fit at all, checked before tokenising
     child_slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(2))  # body checks at once
+    max_tokens_default: int | None = None   # `serve --max-tokens-default`: instead of each endpoint's default
 
     @property
     def tokenizer(self):
@@ -40,7 +42,7 @@ class ServerContext:
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.served_model_name:
-            raise APIError(404, f"the model '{name}' does not exist; this server serves "
+            raise APIError(404, f"the model '{clip(name)}' does not exist; this server serves "
                                 f"'{self.served_model_name}'", "model", "model_not_found")
 
     def check_alive(self) -> None:
@@ -82,14 +84,24 @@ class ServerContext:
                 except Refusal as r:
                     raise APIError(r.status, r.message, r.param, r.code) from None
         encoded = iter(await self.encode(texts) if texts else [])
-        return [self._checked_ids(next(encoded) if isinstance(p, str) else list(p), param) for p in prompts]
+        # the body's own lists, not copies: 1,000 new lists of 15,000 ids are each young-generation
+        # collection's work (measured: a 0.12 s collection on the event loop)
+        ids = [next(encoded) if isinstance(p, str) else p for p in prompts]
+        if sum(map(len, ids)) < OFFLOAD_IDS:
+            return self._checked_all(ids, param)
+        return await asyncio.to_thread(self._checked_all, ids, param)
+
+    def _checked_all(self, prompts_ids: list[list[int]], param: str) -> list[list[int]]:
+        # one prompt at a time: on a worker thread, the event loop gets the GIL in between
+        return [self._checked_ids(ids, param) for ids in prompts_ids]
 
     def _checked_ids(self, ids: list[int], param: str) -> list[int]:
         if not ids:
             raise bad_request("the prompt is empty after tokenization", param)
-        bad = next((t for t in ids if t >= self.vocab_size), None)
-        if bad is not None:
-            raise bad_request(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})", param)
+        vocab = self.vocab_size
+        if max(ids) >= vocab:  # max() runs in C; the first id too large is looked for only then
+            bad = next(t for t in ids if t >= vocab)
+            raise bad_request(f"token id {bad} is outside the vocabulary [0, {vocab})", param)
         if len(ids) >= self.max_model_len:
             raise APIError(400, f"the prompt has {len(ids)} tokens; this model's maximum context length is "
                                 f"{self.max_model_len} tokens (prompt plus at least one generated token)",
@@ -98,13 +110,16 @@ class ServerContext:
 
     def sampling_params(self, req, prompt_len: int, max_tokens: int | None, logprobs: int | None,
                         seed: int | None, default_max_tokens: int | None = None) -> SamplingParams:
-        """``max_tokens`` None: ``default_max_tokens`` or the rest of the context, whichever is less."""
+        """``max_tokens`` None: the server's ``max_tokens_default``, else ``default_max_tokens``, capped
+        by the rest of the context (the rest of the context when neither is set)."""
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(req, name):
                 raise bad_request(f"'{name}' is not supported (only 0)", name)
         if req.logit_bias:  # refused rather than ignored: ignoring it would change what the caller gets
             raise bad_request("'logit_bias' is not supported (only empty or null)", "logit_bias")
         fits = self.max_model_len - prompt_len
+        if self.max_tokens_default is not None:
+            default_max_tokens = self.max_tokens_default
         if max_tokens is None:  # what fits, or less when the endpoint has a default (completions: 16)
             max_tokens = fits if default_max_tokens is None else min(default_max_tokens, fits)
         elif max_tokens > fits:  # OpenAI's and vLLM's answer, not a silent clamp

@@ -18,6 +18,8 @@ from .protocol import MAX_STOP
 
 log = logging.getLogger("flashlane.server")
 
+ECHO_MAX_CHARS = 160
+
 # (type, code) per status, following what OpenAI's API answers
 _KIND = {
     400: ("invalid_request_error", None),
@@ -50,6 +52,14 @@ def _text(s: str | None) -> str | None:
     """Client-supplied text in a message (a model name, a field path) may hold lone surrogates,
     which no JSON encoder writes as UTF-8: shown escaped instead of failing the error itself."""
     return s if s is None or s.isascii() else s.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def clip(s: str) -> str:
+    """Client-supplied text quoted in an error (a model name, a field path), at most about
+    ``ECHO_MAX_CHARS``: a 2 MB model name must not come back as a 2 MB error body."""
+    if len(s) <= ECHO_MAX_CHARS:
+        return s
+    return f"{s[:ECHO_MAX_CHARS]}... ({len(s)} characters)"
 
 
 class BodyRefused(HTTPException):
@@ -100,7 +110,8 @@ def _is_type_error(e: dict) -> bool:
 
 
 def _param(e: dict) -> str | None:
-    return ".".join(str(p) for p in e.get("loc", ()) if p != "body" and not _is_type_tag(p)) or None
+    """The field's path; a dict key in it is client-supplied, so the path is clipped."""
+    return clip(".".join(str(p) for p in e.get("loc", ()) if p != "body" and not _is_type_tag(p))) or None
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:

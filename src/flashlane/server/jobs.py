@@ -1,10 +1,11 @@
 """One HTTP request becomes one engine request per (prompt, choice); their outputs are merged
-into a single stream of ``(job, RequestOutput)``. Closing the stream aborts every unfinished
-engine request (their pages and state slots are freed by the engine at once)."""
+into a single stream of ``(job, RequestOutput)``. Many jobs are submitted to the engine together
+(``generate_many``). Closing the stream aborts every unfinished engine request (their pages and
+state slots are freed by the engine at once)."""
 
 from __future__ import annotations
 
-import asyncio
+from array import array
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import AsyncIterator
@@ -17,7 +18,7 @@ from ..engine.sampling_params import SamplingParams
 class Job:
     index: int             # choice index in the response
     prompt_index: int
-    prompt_ids: list[int]
+    prompt_ids: list[int] | array   # an int64 array: from a large token-id batch (token_id_prompts.py)
     params: SamplingParams
 
 
@@ -35,30 +36,12 @@ async def run_jobs(engine, request_id: str, jobs: list[Job], metrics) -> AsyncIt
                 yield job, out
         return
 
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def pump(job: Job) -> None:
-        try:
-            async with aclosing(engine.generate(f"{request_id}-{job.index}", job.prompt_ids, job.params)) as outs:
-                async for out in outs:
-                    queue.put_nowait((job, out))
-        except Exception as exc:  # handed to the consumer, which fails the whole request
-            queue.put_nowait((job, exc))
-
-    tasks = [asyncio.create_task(pump(j)) for j in jobs]
-    left = len(jobs)
-    try:
-        while left:
-            job, item = await queue.get()
-            if isinstance(item, Exception):
-                raise item
-            _observe(metrics, item)
-            yield job, item
-            if item.finished:
-                left -= 1
-    finally:
-        for t in tasks:
-            t.cancel()
+    # one batched submission and one batched abort, not a task and a message per job
+    requests = [(f"{request_id}-{job.index}", job.prompt_ids, job.params) for job in jobs]
+    async with aclosing(engine.generate_many(requests)) as outs:
+        async for i, out in outs:
+            _observe(metrics, out)
+            yield jobs[i], out
 
 
 async def collect(engine, request_id: str, jobs: list[Job], metrics) -> list[RequestOutput]:

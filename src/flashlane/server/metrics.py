@@ -79,7 +79,17 @@ class _EngineCollector:
             c.add_metric([name], float(value))
             return c
 
-        if not s:
+        if "engine_state" in s:   # a supervised engine process (EngineCoreSupervisor)
+            states = GaugeMetricFamily("flashlane:engine_state", "The engine process's state: 1 for the current "
+                                       "one of running, restarting (died, another is starting) and dead (the "
+                                       "restart limit was reached), 0 for the others",
+                                       labels=["model_name", "state"])
+            for state in ("running", "restarting", "dead"):
+                states.add_metric([name, state], float(s["engine_state"] == state))
+            yield states
+            yield counter("flashlane:engine_restarts", "Engine processes started again after one died",
+                          s["engine_restarts"])
+        if "running" not in s:   # no engine snapshot taken yet
             return
         yield gauge("flashlane:num_requests_running", "Requests holding cache and being stepped", s["running"])
         yield gauge("flashlane:num_requests_waiting", "Requests queued for admission", s["waiting"])
@@ -125,6 +135,21 @@ def _prefix_cache_metrics(s: dict, gauge, counter, name: str):
                   s.get("prefix_cache_checkpoint_restores", 0))
     yield counter("flashlane:prefix_cache_disk_corrupt", "Disk-tier files rejected (checksum or format)",
                   s.get("prefix_cache_disk_corrupt", 0))
+    yield counter("flashlane:prefix_cache_disk_rejected", "Disk-tier entries that were not regular files "
+                  "(directory, FIFO, device, symlink): ignored and removed where possible",
+                  s.get("prefix_cache_disk_rejected", 0))
+    errors = CounterMetricFamily("flashlane:prefix_cache_disk_errors", "Disk-tier file operations that failed "
+                                 "(the entry was skipped), by operation", labels=["model_name", "op"])
+    for op in ("read", "write", "remove", "list"):
+        errors.add_metric([name, op], float(s.get(f"prefix_cache_disk_errors_{op}", 0)))
+    yield errors
+    yield counter("flashlane:prefix_cache_disk_load_timeouts", "Disk-tier loads given up at the deadline "
+                  "(disk_load_timeout_s); that part of the prompt was recomputed",
+                  s.get("prefix_cache_disk_load_timeouts", 0))
+    if "disk_cache_state" in s:
+        yield gauge("flashlane:disk_cache_state", "State of the disk tier: 2 = read-write, 1 = read-only "
+                    "(writes failed repeatedly: full, quota, read-only fs, I/O or permission errors), "
+                    "0 = off (repeated read I/O errors or the directory vanished)", s["disk_cache_state"])
     yield gauge("flashlane:checkpoints_used", "State checkpoints held in the pool", s.get("checkpoints_used", 0))
     yield gauge("flashlane:checkpoints_total", "State checkpoint pool capacity", s.get("checkpoints_total", 0))
     for tier in ("host", "disk"):

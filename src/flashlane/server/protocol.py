@@ -5,6 +5,10 @@ Requests are validated strictly (no "5" for 5, no true for 1, no NaN), so a wron
 naming the field rather than a surprise deep in the engine. Bounds that keep the engine safe
 (``logprobs`` <= 20, ``n`` <= 16, 64-bit seeds and top-k) live here too; bounds that depend on
 the model (context length, vocabulary) are checked by the handlers.
+
+Fields accepted only at one value (the penalties, ``logit_bias``, ``echo``, ``suffix``) are
+refused by the handlers with a message saying so; their JSON schema says the same (``ONLY_*``),
+so the OpenAPI document advertises nothing the server refuses.
 """
 
 from __future__ import annotations
@@ -23,6 +27,13 @@ NonEmptyStr = Annotated[str, Field(min_length=1)]
 TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
 
 
+# JSON-schema keywords for "accepted only as this value" (validation stays in the handlers)
+ONLY_ZERO = {"const": 0}
+ONLY_EMPTY_OBJECT = {"maxProperties": 0}
+ONLY_FALSE = {"const": False}
+ONLY_EMPTY_STRING = {"maxLength": 0}
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
 
@@ -37,8 +48,9 @@ class _Sampling(_Strict):
 
     model: str | None = Field(None, description="served model name; defaults to the only model served")
     max_tokens: int | None = Field(None, ge=1, description="tokens to generate; prompt + max_tokens beyond the "
-                                                          "context is a 400 (default: what fits; completions: "
-                                                          "at most 16)")
+                                                          "context is a 400 (default: the server's "
+                                                          "--max-tokens-default if set, else what fits; "
+                                                          "completions: at most 16; never more than fits)")
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1, le=INT64_MAX, description="-1 or 0: off (vLLM extension)")
@@ -53,10 +65,13 @@ class _Sampling(_Strict):
     n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float = Field(0.0, ge=-2, le=2, description="only 0 is supported")
-    frequency_penalty: float = Field(0.0, ge=-2, le=2, description="only 0 is supported")
+    presence_penalty: float = Field(0.0, ge=-2, le=2, description="only 0 is supported",
+                                    json_schema_extra=ONLY_ZERO)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2, description="only 0 is supported",
+                                     json_schema_extra=ONLY_ZERO)
     user: str | None = None
-    logit_bias: dict[str, float] | None = Field(None, description="not supported (must be empty or null)")
+    logit_bias: dict[str, float] | None = Field(None, description="not supported (must be empty or null)",
+                                                json_schema_extra=ONLY_EMPTY_OBJECT)
 
 
 class CompletionRequest(_Sampling):
@@ -64,9 +79,12 @@ class CompletionRequest(_Sampling):
              | Annotated[list[TokenId], Field(min_length=1)]
              | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)])
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    echo: bool = Field(False, description="only false is supported")
-    best_of: int | None = Field(None, ge=1, le=MAX_N, description="only best_of == n is supported")
-    suffix: str | None = Field(None, description="not supported (must be empty)")
+    echo: bool = Field(False, description="only false is supported", json_schema_extra=ONLY_FALSE)
+    best_of: int | None = Field(None, ge=1, le=MAX_N,
+                                description="must be null or equal to n (ranking by best_of is not supported); "
+                                            "any other value is a 400")
+    suffix: str | None = Field(None, description="not supported (must be empty or null)",
+                               json_schema_extra=ONLY_EMPTY_STRING)
     return_token_ids: bool = Field(False, description="vLLM extension: each choice also carries its token ids "
                                                       "(always on for a server without a tokenizer)")
 

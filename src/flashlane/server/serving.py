@@ -14,6 +14,7 @@ from ..engine.outputs import RequestOutput
 from .disconnect import ClientDisconnected, EventStream, cancel_on_disconnect
 from .errors import APIError, error_body
 from .jobs import Job, collect
+from .shutdown import SHUTTING_DOWN
 from .streaming import DONE, sse
 
 log = logging.getLogger("flashlane.server")
@@ -35,7 +36,9 @@ def engine_errors():
 def stream_error(exc: Exception) -> str:
     """An error that happens after the 200 and the first events went out: one error event,
     then [DONE] (the status can no longer change)."""
-    if isinstance(exc, EngineDeadError):
+    if isinstance(exc, APIError):
+        body = error_body(exc.status, exc.message, exc.param, exc.code)
+    elif isinstance(exc, EngineDeadError):
         body = error_body(503, f"the engine is not running: {exc}")
     elif isinstance(exc, ValueError):
         body = error_body(400, str(exc))
@@ -52,11 +55,20 @@ def usage(prompt_lens: list[int], completion_tokens: int, cached_tokens: int = 0
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
-def check_not_aborted(finals) -> None:
+def check_not_aborted(rid: str, finals) -> None:
     """A non-streaming request whose engine request was aborted (the client is still here, so
     the server is shutting down)."""
     if any(o is None or o.finish_reason == "abort" for o in finals):
-        raise APIError(503, "the request was aborted: the server is shutting down")
+        log.warning("%s aborted at the shutdown deadline: answered 503", rid)
+        raise APIError(503, SHUTTING_DOWN)
+
+
+def check_stream_not_aborted(ctx, rid: str, out: RequestOutput) -> None:
+    """A stream whose engine request was aborted at the shutdown deadline ends with a 503 error
+    event and [DONE] (``stream_error``), not a choice with finish_reason 'abort'."""
+    if out.finished and out.finish_reason == "abort" and ctx.admission.closed:
+        log.warning("%s aborted at the shutdown deadline: ended its stream with a 503 error event", rid)
+        raise APIError(503, SHUTTING_DOWN)
 
 
 @dataclass
@@ -86,5 +98,5 @@ async def generate(ctx, body, request, build_jobs, id_prefix: str, stream) -> Fi
         return Response(status_code=499)
     finally:
         ticket.release()
-    check_not_aborted(finals)
+    check_not_aborted(rid, finals)
     return Finished(rid, jobs, prompt_lens, finals)
