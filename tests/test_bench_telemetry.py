@@ -1,5 +1,6 @@
 """Telemetry pieces: Prometheus parsing, process-tree CPU, NVML sampling (fake pynvml module)."""
 
+import os
 import subprocess
 import sys
 import time
@@ -24,6 +25,19 @@ def test_parse_prometheus_keeps_every_numeric_sample():
     assert got["flashlane:prompt_tokens_total"] == 1500.0
     assert got['lat_bucket{le="+Inf"}'] == 7.0 and got["with_ts"] == 4.0
     assert "weird" in got and "garbage" not in got
+
+
+def test_a_process_first_seen_only_primes_its_cpu_counter(monkeypatch):
+    """Reading the counter right after priming it divides a clock tick of CPU by microseconds
+    of wall time: a fresh client once reported "3116% of a core" and failed a run's validity."""
+    import psutil
+
+    calls = []
+    monkeypatch.setattr(psutil.Process, "cpu_percent", lambda self, interval=None: calls.append(self.pid) or 3116.0)
+    tree = _ProcTree(os.getpid(), children=False)
+    cpu, rss = tree.sample()
+    assert cpu == 0.0 and rss > 0 and len(calls) == 1
+    assert tree.sample()[0] == 3116.0 and len(calls) == 2   # from the second sample on, it is read
 
 
 def test_process_tree_cpu_tells_busy_from_idle():

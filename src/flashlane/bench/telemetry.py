@@ -76,11 +76,13 @@ class _ProcTree:
             q = self.known.get(p.pid)
             try:
                 if q is None:
+                    # first sight primes the counter; reading it at once would divide one clock
+                    # tick of CPU by microseconds of wall time (seen: "3116% of a core")
                     self.known[p.pid] = p
-                    p.cpu_percent(None)  # primes the counter
-                    q = p
-                cpu += q.cpu_percent(None)
-                rss += q.memory_info().rss
+                    p.cpu_percent(None)
+                else:
+                    cpu += q.cpu_percent(None)
+                rss += p.memory_info().rss
             except ps.Error:
                 self.known.pop(p.pid, None)
         return cpu, rss
