@@ -152,10 +152,12 @@ def _check_logs(records: Records) -> None:
     assert not tracebacks, tracebacks
 
 
-@pytest.mark.parametrize("path", sorted(BODIES))
-def test_at_the_deadline_requests_are_aborted_and_answered_503(loaded, path):
+def _stop_with_requests_in_flight(loaded, path: str = "/v1/completions", abort_reaches_nobody: bool = False):
+    """Stop a server (1 s deadline) while requests run; their answers and the log are checked."""
     srv = LiveServer(loaded, MODEL, graceful_s=1.0)
     _paced(srv)
+    if abort_reaches_nobody:  # the abort at the deadline does nothing: uvicorn cancels the handlers
+        srv.engine.abort_all = lambda: None
     with recorded_logs() as records, srv:
         flight = InFlight(srv.url, path)
         flight.wait_running(srv.metrics)
@@ -164,21 +166,17 @@ def test_at_the_deadline_requests_are_aborted_and_answered_503(loaded, path):
         flight.join()
     _check_answers(flight)
     _check_logs(records)
+    return srv
+
+
+@pytest.mark.parametrize("path", sorted(BODIES))
+def test_at_the_deadline_requests_are_aborted_and_answered_503(loaded, path):
+    srv = _stop_with_requests_in_flight(loaded, path)
     assert not srv.engine.engine.requests
 
 
 def test_a_handler_still_running_after_the_grace_is_answered_by_the_middleware(loaded):
-    srv = LiveServer(loaded, MODEL, graceful_s=1.0)
-    _paced(srv)
-    srv.engine.abort_all = lambda: None  # the abort at the deadline reaches nobody: uvicorn cancels them
-    with recorded_logs() as records, srv:
-        flight = InFlight(srv.url)
-        flight.wait_running(srv.metrics)
-        srv.stop()
-        assert not srv.thread.is_alive(), "the server did not stop"
-        flight.join()
-    _check_answers(flight)
-    _check_logs(records)
+    _stop_with_requests_in_flight(loaded, abort_reaches_nobody=True)
 
 
 @pytest.mark.slow
