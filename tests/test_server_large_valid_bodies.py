@@ -162,6 +162,29 @@ def test_sequences_go_to_the_engine_process_in_one_message_and_are_aborted_in_on
     core_server.wait_idle()
 
 
+def test_an_aborted_batch_leaves_nothing_of_it_alive_in_the_engine_thread(server):
+    """The stepping thread's loop once kept its last command's arguments and result alive until
+    the next command: after an abort of many sequences, all their final outputs (with their
+    prompts) stayed in memory. Nothing else is sent meanwhile (a /metrics poll is a command)."""
+    import gc
+
+    body = {"model": MODEL, "prompt": _prompts(12, 40), "max_tokens": 200, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        with c.stream("POST", CMPL, json=body) as r:
+            assert r.status_code == 200
+            rid = json.loads(next(line for line in r.iter_lines() if line.startswith("data: "))[6:])["id"]
+    engine = server.engine.engine
+    deadline = time.monotonic() + 60
+    while any(k.startswith(rid) for k in list(engine.requests)):
+        assert time.monotonic() < deadline, "the dropped stream's sequences were not aborted"
+        time.sleep(0.05)
+    gc.collect()
+    kept = [o for o in gc.get_objects() if isinstance(o, RequestOutput) and o.request_id.startswith(rid)
+            and o.finish_reason == "abort"]
+    assert not kept, f"{len(kept)} aborted outputs still alive"
+
+
 def test_merged_outputs_let_the_event_loop_run_while_many_are_handed_on():
     from flashlane.engine.serving_engine import merged_outputs
 

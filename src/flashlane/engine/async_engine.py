@@ -182,25 +182,33 @@ class AsyncEngine:
             loop, q = target
             loop.call_soon_threadsafe(q.put_nowait, out)
 
+    # Commands and steps run in methods of their own: a loop's locals would keep the last
+    # command's arguments and result (a batch of prompts, its aborted outputs) alive until the next.
+    def _run_commands(self) -> None:
+        while True:
+            try:
+                fn, args, fut = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if not fut.set_running_or_notify_cancel():
+                continue  # the caller gave up before it ran (e.g. a cancelled add)
+            try:
+                fut.set_result(fn(*args))
+            except Exception as exc:  # reported to the caller, engine keeps going
+                fut.set_exception(exc)
+
+    def _step(self) -> None:
+        with profiling_range("engine_step"):
+            outputs = self.engine.step()
+        for out in outputs:
+            self._deliver(out)
+
     def _loop(self) -> None:
         try:
             while not self._stop.is_set():
-                while True:
-                    try:
-                        fn, args, fut = self._commands.get_nowait()
-                    except queue.Empty:
-                        break
-                    if not fut.set_running_or_notify_cancel():
-                        continue  # the caller gave up before it ran (e.g. a cancelled add)
-                    try:
-                        fut.set_result(fn(*args))
-                    except Exception as exc:  # reported to the caller, engine keeps going
-                        fut.set_exception(exc)
+                self._run_commands()
                 if self.engine.has_unfinished():
-                    with profiling_range("engine_step"):
-                        outputs = self.engine.step()
-                    for out in outputs:
-                        self._deliver(out)
+                    self._step()
                 else:
                     self._wake.wait(0.05)
                     self._wake.clear()
