@@ -433,7 +433,7 @@ def case_shutdown_deadline(args, work: Path) -> dict:
     log = srv.log()
     return {"streams": streams, "non_streaming": blocking, "shutdown": stop,
             "tracebacks_in_log": log.count("Traceback"),
-            "cancel_log_lines": [line for line in log.splitlines() if "cancel" in line.lower()][:10]}
+            "shutdown_log_lines": [line for line in log.splitlines() if "shutdown deadline" in line][:10]}
 
 
 def _large_body(vocab: int, prompts: int = 1000, tokens: int = 15_000) -> bytes:
