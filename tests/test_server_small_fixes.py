@@ -3,7 +3,7 @@ GET route, the OpenAPI schema refuses what the server refuses, and `serve --max-
 
 from __future__ import annotations
 
-import jsonschema_rs  # schemathesis's validator, installed with it
+import jsonschema_rs
 import pytest
 
 from engine_models import preset
