@@ -171,10 +171,8 @@ class AsyncEngine:
         return fut
 
     def _abort_all(self) -> None:
-        for rid in list(self.engine.requests):
-            out = self.engine.abort(rid)
-            if out is not None:
-                self._deliver(out)
+        for out in abort_each(self.engine, list(self.engine.requests)):
+            self._deliver(out)
 
     def _deliver(self, out: RequestOutput) -> None:
         target = self._streams.get(out.request_id)

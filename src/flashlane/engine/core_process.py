@@ -72,7 +72,7 @@ class _Core:
         self.send_outputs([out for out in outs if self.deltas.started(out.request_id)])
 
     def abort_all(self) -> None:
-        self.send_outputs([out for rid in list(self.engine.requests) if (out := self.engine.abort(rid)) is not None])
+        self.send_outputs(abort_each(self.engine, list(self.engine.requests)))
 
     def snapshot(self) -> dict:
         return self.engine.snapshot()
