@@ -204,6 +204,18 @@ def test_local_hardware_is_measured():
         get_hardware("tpu-v9")
 
 
+def test_a_hardware_without_a_price_reports_no_cost_instead_of_crashing():
+    from flashlane.analyze.hardware import measure_local
+
+    models = [resolve_model(FLASH), resolve_model(STD)]
+    local = measure_local(seconds=0.05)
+    assert not local.usd_per_hour
+    out = build_report(models, Setup(local), load_task("agentic"), Options(CONTEXTS, 32))
+    cost = next(c for c in out["claims"] if c["claim"].startswith("cost per task"))
+    assert "has no price" in cost["verdict"]
+    assert "no price" in render_text(out)
+
+
 def test_task_profiles(tmp_path):
     p = load_task("turns=2,prefix=1k,in=10,out=5")
     assert [(t.new_tokens, t.cached, t.output) for t in p.turns] == [(1034, 0, 5), (10, 1039, 5)]

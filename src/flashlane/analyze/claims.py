@@ -261,10 +261,12 @@ def cost_claim(a: Side, b: Side, task_a: dict, task_b: dict, hardware: str) -> C
         Definition("$ per task at concurrency 1 (baseline / model)", {"-": cost}, _close(cost, measured)),
     ]
     faster = predicted is not None and predicted > 1
+    # hardware without a price (``local``) has no $ per task
+    cheaper = (f"{cost:.2f}x cheaper at the same GPU count" if cost is not None
+               else f"no $ per task ({hardware} has no price)")
     verdict = (f"measured: {PUBLISHED_TASK_MINUTES['glm5_next']} vs {PUBLISHED_TASK_MINUTES['glm_moe_dsa']} min "
                f"per task (baseline / model = {measured:.2f}x, the model is slower); the roofline predicts the "
-               f"model {'faster' if faster else 'slower'} per task ({predicted:.2f}x) and "
-               f"{cost:.2f}x cheaper at the same GPU count. ")
+               f"model {'faster' if faster else 'slower'} per task ({predicted:.2f}x) and {cheaper}. ")
     verdict += ("The architecture's FLOPs and bytes do not explain the measured gap: look at turns / tokens per "
                 "task, idle gaps and kernel efficiency." if faster else
                 "The architecture alone predicts the direction of the measured gap.")
