@@ -107,14 +107,15 @@ def test_cli_corpus_shorter_than_one_window(tmp_path, capsys):
     assert "shorter than one window of 512 (--window)" in capsys.readouterr().err
 
 
-def test_score_refuses_positions_taken_from_the_prefix_cache():
+def test_score_computes_every_position_with_the_prefix_cache_on():
     llm = LLM("tiny-flash", dtype="float32", enable_prefix_caching=True, cache_memory=8 << 20)
     window = list(range(10, 10 + 3 * llm.engine.args.page_size + 1))
     first = llm.score([window])[0]
     assert first.shape == (len(window) - 1, llm.engine.config.vocab_size) and first.dtype == torch.float32
     assert torch.allclose(first.exp().sum(-1), torch.ones(len(window) - 1), atol=1e-4)
-    with pytest.raises(ValueError, match="enable_prefix_caching=False"):
-        llm.score([window])
+    again = llm.score([window])[0]             # its pages are cached now, and are not read
+    assert torch.allclose(again, first, atol=1e-5)
+    assert llm.engine.cache.usage()["pages_cached"] >= 3
 
 
 def test_score_rows_are_the_same_when_prefill_is_chunked():

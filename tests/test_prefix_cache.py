@@ -101,24 +101,26 @@ def test_same_prompt_twice_hits_all_but_one_page(name):
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-flash", "tiny-standard"])
-def test_prompt_logprobs_of_uncached_part_match(name):
+def test_logprobs_after_a_hit_and_prompt_logprobs_that_bypass_it_match(name):
     m = _model(name)
     base = random_prompts(1, 150, 150, _vocab(m), seed=31)[0]
     # a mid-page and (for kpool 4) mid-pool divergence: the tail rule fires on the suffix
     second = base[:123] + random_prompts(1, 45, 45, _vocab(m), seed=32)[0]
-    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, prompt_logprobs=0)
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, logprobs=0)
     cached, plain = _pair(m)
     cached.generate([base], params)
     cached.generate([base[:123] + [5, 6, 7]], params)       # checkpoint at the shared boundary
     hit = cached.generate([second], params)[0]
     ref = plain.generate([second], params)[0]
     assert hit.num_cached_tokens == 112 and hit.token_ids == ref.token_ids
-    start = hit.num_cached_tokens + 1             # entries before the hit are not recomputed
-    worst = 0.0
-    for a, b in zip(hit.prompt_logprobs[start:], ref.prompt_logprobs[start:]):
-        (tok, lp), = [(t, v) for t, v in a.items() if t in b]
-        worst = max(worst, abs(lp - b[tok]))
-    assert worst <= 1e-4
+    assert max(abs(a[t] - b[t]) for a, b, t in zip(hit.logprobs, ref.logprobs, ref.token_ids)) <= 1e-4
+    # prompt logprobs read nothing from the cache: every position is computed
+    scored = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, prompt_logprobs=0)
+    full = cached.generate([second], scored)[0]
+    want = plain.generate([second], scored)[0]
+    assert full.num_cached_tokens == 0 and full.prompt_logprobs[0] is None
+    assert max(abs(a[t] - b[t]) for a, b, t in zip(full.prompt_logprobs[1:], want.prompt_logprobs[1:],
+                                                    second[1:])) <= 1e-4
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-flash", "tiny-standard"])

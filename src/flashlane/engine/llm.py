@@ -60,9 +60,10 @@ class LLM:
     def score(self, token_id_windows: list[list[int]]) -> list[torch.Tensor]:
         """Full next-token log-probs through the serving path (paged cache, chunked prefill, the
         engine's quantisation and cache dtype): per window a float32 tensor [len - 1, vocab] whose
-        row i is the distribution of token i + 1 given tokens 0..i. Every position must be
-        computed, so a prefix-cache hit is an error: score with enable_prefix_caching=False.
-        Each window costs (len - 1) x vocab x 4 bytes: pass a few at a time."""
+        row i is the distribution of token i + 1 given tokens 0..i. Every position is computed:
+        a request asking for prompt logprobs reads nothing from the prefix cache (its pages are
+        still cached for later requests). Each window costs (len - 1) x vocab x 4 bytes: pass a
+        few at a time."""
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, ignore_eos=True)
         reqs = []
         for window in token_id_windows:
@@ -77,9 +78,9 @@ class LLM:
         out = []
         for req in reqs:
             rows = torch.cat(req.prompt_logprob_rows) if req.prompt_logprob_rows else torch.empty(0)
-            if rows.shape[0] != req.num_prompt_tokens - 1:
-                raise ValueError(f"{req.num_prompt_tokens - 1 - rows.shape[0]} positions came from the prefix "
-                                 "cache and were not scored: use enable_prefix_caching=False")
+            if rows.shape[0] != req.num_prompt_tokens - 1:   # the engine skipped positions: a bug, not bad input
+                raise RuntimeError(f"{req.request_id}: {rows.shape[0]} of {req.num_prompt_tokens - 1} positions "
+                                   "were scored")
             out.append(rows)
         return out
 

@@ -28,6 +28,7 @@ from .scheduler import Scheduler
 from .static_scheduler import StaticScheduler
 from .step_log import StepLog, StepRecord
 from .stop_checker import StopChecker
+from .structured_output import Grammars
 
 log = logging.getLogger("flashlane.engine")
 
@@ -97,7 +98,8 @@ class LLMEngine:
                                           max_running, args.compile_sizes[-1])],
                                       args.index_topk, min_width=-(-topk // spec.page_size),
                                       mode=cuda_graph_mode(args.device))
-        self.runner = ModelRunner(self.model, self.cache, args.seed, args.index_topk, compiled)
+        self.grammars = Grammars(self.tokenizer, self.config.vocab_size, self.config.eos_token_ids)
+        self.runner = ModelRunner(self.model, self.cache, args.seed, args.index_topk, compiled, self.grammars)
         self.requests: dict[str, Request] = {}
         self.stop_checker = StopChecker(self.tokenizer, self.max_model_len)
         self.step_stats = StepLog(args.step_log_size)
@@ -211,8 +213,10 @@ class LLMEngine:
                              f"requested {len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} "
                              f"in the completion). Lower max_tokens to at most {fits}, or pass max_tokens=None "
                              "for the rest of the context.")
+        grammar = self.grammars.matcher(params.structured) if params.structured is not None else None
         req = Request(request_id, ids, params, self.config.eos_token_ids, arrival_time)
         req.max_tokens = max_tokens
+        req.grammar = grammar
         if isinstance(prompt, str):
             req.prompt = prompt
         self.requests[request_id] = req
@@ -271,6 +275,9 @@ class LLMEngine:
 
     def _append_token(self, req: Request, token: int, logprobs, now: float) -> RequestOutput:
         self.counters["generation_tokens"] += 1
+        if req.grammar is not None and not req.grammar.accept(token):  # the mask allowed it: a bug if seen
+            log.error("request %s: token %d breaks its structured output: %s", req.request_id, token,
+                      req.grammar.error)
         update = self.stop_checker.append(req, token, logprobs, now)
         if update.finish_reason is not None:
             return self._finish(req, update.finish_reason, now, update.stop_reason, update.delta, [token])

@@ -70,6 +70,7 @@ class Request:
         self.stop_token_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             self.stop_token_ids.update(eos_token_ids)
+        self.grammar = None                   # a GrammarMatcher when params.structured (set by the engine)
         self.generator = None
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)

@@ -12,6 +12,7 @@ from ..models.forward_batch import ForwardBatch
 from .cache.manager import CacheManager
 from .compiled_decode import CompiledDecode
 from .scheduler import SchedulerOutput
+from .structured_output import Grammars
 
 
 @dataclass
@@ -23,12 +24,13 @@ class SeqResult:
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, cache: CacheManager, seed: int = 0, index_topk: int | None = None,
-                 compiled: CompiledDecode | None = None):
+                 compiled: CompiledDecode | None = None, grammars: Grammars | None = None):
         self.index_topk = index_topk      # the engine's sparse-attention override (None: the config's)
         self.model = model
         self.cache = cache
         self.compiled = compiled          # static-graph decode buckets (None: always eager)
         self.generator = torch.Generator().manual_seed(seed)
+        self.grammars = grammars          # masks the logits of requests with structured output
 
     @torch.inference_mode()
     def run(self, sched: SchedulerOutput) -> list[SeqResult]:
@@ -98,8 +100,12 @@ class ModelRunner:
             for j, b in enumerate(bs):
                 if seqs[b].req.generator is not None:
                     uniforms[j] = torch.rand((), generator=seqs[b].req.generator)
+            rows = logits[idx]
+            grammars = [seqs[b].req.grammar for b in bs]
+            if any(g is not None for g in grammars):
+                self.grammars.mask(rows, grammars)   # logprobs stay the model's own (vLLM's default)
             tokens = sample(
-                logits[idx],
+                rows,
                 torch.tensor([p.temperature for p in params], dtype=torch.float32),
                 torch.tensor([p.top_k for p in params], dtype=torch.long),
                 torch.tensor([p.top_p for p in params], dtype=torch.float32),

@@ -5,6 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A constraint on the generated text, enforced token by token by a grammar: exactly one of
+    ``json_schema`` (a JSON schema, as a dict or its JSON text) or ``json_object`` (any JSON object)."""
+
+    json_schema: dict | str | None = None
+    json_object: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.json_schema is not None) == bool(self.json_object):
+            raise ValueError("SamplingParams.structured needs exactly one of json_schema or json_object, "
+                             f"got json_schema={self.json_schema!r}, json_object={self.json_object!r}")
+
+
 @dataclass
 class SamplingParams:
     max_tokens: int | None = 16          # None: the rest of the context (vLLM's meaning)
@@ -20,6 +34,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None   # top-k logprobs per prompt token (plus the prompt token)
     skip_special_tokens: bool = True     # drop special tokens from the output text (vLLM)
     spaces_between_special_tokens: bool = True  # a space between added tokens and the text around them (vLLM)
+    structured: StructuredOutput | None = None   # the output must follow this grammar (JSON schema / object)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -52,6 +67,8 @@ class SamplingParams:
                 bad(name, "must be True or False")
         if not all(isinstance(s, str) and s for s in self.stop):
             bad("stop", "must be non-empty strings")
+        if self.structured is not None and not isinstance(self.structured, StructuredOutput):
+            bad("structured", "must be a StructuredOutput or None")
         if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
             bad("stop_token_ids", "must be non-negative integers")
 

@@ -55,6 +55,8 @@ class StopChecker:
         reason, stop = None, None
         if token in req.stop_token_ids:
             reason, stop = "stop", token
+        elif req.grammar is not None and req.grammar.finished:  # the structured output is complete
+            reason = "stop"
         elif len(req.output_token_ids) >= req.max_tokens or req.num_tokens >= self.max_model_len:
             reason = "length"
         delta = self._detok[req.request_id].step(req.output_token_ids, final=reason is not None)

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from ..engine.sampling_params import SamplingParams
+from ..engine.sampling_params import SamplingParams, StructuredOutput
+from ..engine.structured_output import SchemaError, grammar_text
 from ..engine.serving_engine import ServingEngine
 from .admission import Admission
 from .body_limits import BodyLimits, Refusal, check_text
 from .errors import APIError, bad_request, clip
 from .metrics import ServerMetrics
-from .protocol import MAX_LOGPROBS
+from .protocol import MAX_LOGPROBS, ResponseFormat
 
 OFFLOAD_CHARS = 16_384
 OFFLOAD_IDS = 65_536   # prompts holding at least this many token ids are checked on a worker thread
@@ -135,6 +136,7 @@ class ServerContext:
         if req.stop and self.tokenizer is None:
             raise bad_request("stop strings need a tokenizer and this server has none (--skip-tokenizer-init): "
                               "use stop_token_ids", "stop")
+        structured = self.structured_output(req.response_format)
         try:
             return SamplingParams(
                 max_tokens=max_tokens,
@@ -144,8 +146,24 @@ class ServerContext:
                 min_p=0.0 if req.min_p is None else req.min_p,
                 seed=seed, stop=req.stop, stop_token_ids=list(req.stop_token_ids or []),
                 ignore_eos=req.ignore_eos, logprobs=logprobs, skip_special_tokens=req.skip_special_tokens,
-                spaces_between_special_tokens=req.spaces_between_special_tokens,
+                spaces_between_special_tokens=req.spaces_between_special_tokens, structured=structured,
             )
         except ValueError as exc:  # SamplingParams names the field: "SamplingParams.<field> ..."
             field = str(exc).split(" ", 1)[0].removeprefix("SamplingParams.")
             raise bad_request(str(exc), field) from exc
+
+    def structured_output(self, fmt: ResponseFormat | None) -> StructuredOutput | None:
+        """``response_format`` as the engine's constraint; the schema is checked here (well under a
+        millisecond) so that a bad one is a 400 naming the field."""
+        if fmt is None or fmt.type == "text":
+            return None
+        if self.tokenizer is None:
+            raise bad_request("response_format needs a tokenizer and this server has none (--skip-tokenizer-init)",
+                              "response_format")
+        structured = (StructuredOutput(json_object=True) if fmt.type == "json_object"
+                      else StructuredOutput(json_schema=fmt.json_schema.schema_))
+        try:
+            grammar_text(structured)
+        except SchemaError as exc:
+            raise bad_request(f"'response_format.json_schema.schema' {exc.reason}", "response_format") from None
+        return structured

@@ -9,6 +9,7 @@ lower tier (``tiers``). Checkpoints are saved where the next request is likely t
 last full page of the prompt, at every page-aligned prefill chunk end, where a lookup's page
 match ran past its last checkpoint (so the next request with that prefix hits there), and at
 the latest page boundary of the output (kept rolling: a request keeps only its newest one).
+A request that asks for prompt logprobs does not read the cache (``scores_prompt``).
 """
 
 from __future__ import annotations
@@ -107,6 +108,14 @@ class PrefixMatch:
         return [p for _, tier, p in self.pages if tier == "pool"]
 
 
+def scores_prompt(req) -> bool:
+    """A request still owed prompt logprobs computes every prompt position, so it reads nothing
+    from the prefix cache (a hit's positions have no logits); the full pages it computes are
+    still registered for later requests. Once its prompt is scored (e.g. preempted while
+    decoding) it may hit again."""
+    return req.prompt_logprobs is not None and len(req.prompt_logprobs) < req.num_prompt_tokens
+
+
 class CacheManager:
     def __init__(self, spec: CacheSpec, plan: CachePlan, dtype: torch.dtype, device="cpu",
                  prefix_caching: bool = False, fingerprint: str = "", host_cache_memory: int = 0,
@@ -150,7 +159,7 @@ class CacheManager:
         return found
 
     def _lookup(self, req) -> PrefixMatch:
-        if not self.prefix_caching:
+        if not self.prefix_caching or scores_prompt(req):
             return PrefixMatch()
         if self.tiers is not None:
             self.tiers.expire_loads()      # a load past its deadline no longer counts as on disk
@@ -241,13 +250,10 @@ class CacheManager:
             self.counters["checkpoint_restores"] += 1
         req.staged.clear()
         req.num_computed_tokens = match.num_tokens
-        if req.prompt_logprobs is not None:
-            # tokens inside the hit are not recomputed: their prompt logprob is None, like token 0's
-            upto = min(match.num_tokens, req.num_prompt_tokens - 1) + 1
-            req.prompt_logprobs.extend([None] * (upto - len(req.prompt_logprobs)))
         if req.num_cached_tokens is None:
             req.num_cached_tokens = min(match.num_tokens, req.num_prompt_tokens)
-            self._count_query(req, match)
+            if not scores_prompt(req):   # a request that never looked is no query
+                self._count_query(req, match)
         self.grow(req, num_tokens)
 
     def _count_query(self, req, match: PrefixMatch) -> None:
