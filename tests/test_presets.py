@@ -144,7 +144,7 @@ def test_tiny_chat_template(cache):
             {"role": "assistant", "content": "Hello."}, {"role": "tool", "content": [{"type": "text", "text": "42"}]}]
     text = tok.apply_chat_template(msgs)
     assert text == ("[gMASK]<sop><|system|>\nBe brief.<|user|>\nHi<|assistant|>\nHello."
-                    "<|observation|>\n42<|assistant|>\n")
+                    "<|observation|>\n<tool_response>\n42\n</tool_response><|assistant|>\n")
     assert tok.encode(text, add_special_tokens=False)[:2] == [1, 2]
     assert not tok.apply_chat_template(msgs[:2], add_generation_prompt=False).endswith("<|assistant|>\n")
     with pytest.raises(Exception, match="unknown chat role: wizard"):

@@ -80,7 +80,7 @@ CASES = [
     ("message_image_part", "POST", CHAT,
      chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
      400, "messages.0.content.0.type"),
-    ("echo_unsupported", "POST", CMPL, c(echo=True), 400, "echo"),
+    ("max_tokens_0_without_echo", "POST", CMPL, c(max_tokens=0), 400, "max_tokens"),
     ("penalty_unsupported", "POST", CHAT, chat(presence_penalty=1.0), 400, "presence_penalty"),
     ("logit_bias_unsupported", "POST", CMPL, c(logit_bias={"5": 10}), 400, "logit_bias"),
     ("logit_bias_not_object", "POST", CHAT, chat(logit_bias=[1]), 400, "logit_bias"),

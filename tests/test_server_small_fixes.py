@@ -85,10 +85,17 @@ def _validator(client, model: str) -> jsonschema_rs.Draft202012Validator:
 
 
 REFUSED = [({"logit_bias": {"50256": -100}}, "logit_bias"), ({"presence_penalty": 0.5}, "presence_penalty"),
-           ({"frequency_penalty": -1.0}, "frequency_penalty")]
-REFUSED_COMPLETIONS = [({"echo": True}, "echo"), ({"suffix": "tail"}, "suffix")]
-ACCEPTED = [{"logit_bias": {}}, {"logit_bias": None}, {"presence_penalty": 0.0}, {"frequency_penalty": 0}]
+           ({"frequency_penalty": -1.0}, "frequency_penalty"), ({"min_tokens": 4}, "min_tokens"),
+           ({"repetition_penalty": 1.2}, "repetition_penalty"), ({"use_beam_search": 0}, "use_beam_search"),
+           ({"guided_json": {"type": "object"}}, "guided_json"), ({"structured_outputs": {}}, "structured_outputs")]
+REFUSED_COMPLETIONS = [({"suffix": "tail"}, "suffix")]
+REFUSED_CHAT = [({"echo": True}, "echo"), ({"chat_template": "{{ messages }}"}, "chat_template"),
+                ({"add_generation_prompt": False}, "add_generation_prompt"), ({"audio": {"voice": "x"}}, "audio"),
+                ({"prompt_logprobs": 1}, "prompt_logprobs")]
+ACCEPTED = [{"logit_bias": {}}, {"logit_bias": None}, {"presence_penalty": 0.0}, {"frequency_penalty": 0},
+            {"repetition_penalty": 1}, {"min_tokens": 0}, {"use_beam_search": False}, {"store": True}]
 ACCEPTED_COMPLETIONS = [{"echo": False}, {"suffix": ""}, {"suffix": None}, {"best_of": 1}]
+ACCEPTED_CHAT = [{"add_generation_prompt": True}, {"echo": False}, {"chat_template_kwargs": None}]
 
 
 @pytest.mark.parametrize("extra,param", REFUSED + REFUSED_COMPLETIONS)
@@ -106,12 +113,20 @@ def test_completion_values_the_server_accepts_the_schema_accepts(client, extra):
     assert _validator(client, "CompletionRequest").is_valid(body)
 
 
-@pytest.mark.parametrize("extra,param", REFUSED)
+@pytest.mark.parametrize("extra,param", REFUSED + REFUSED_CHAT)
 def test_chat_fields_the_server_refuses_the_schema_refuses(client, extra, param):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, **extra}
     r = client.post("/v1/chat/completions", json=body)
     assert r.status_code == 400 and r.json()["error"]["param"] == param
+    assert "not supported" in r.json()["error"]["message"]
     assert not _validator(client, "ChatCompletionRequest").is_valid(body)
+
+
+@pytest.mark.parametrize("extra", ACCEPTED + ACCEPTED_CHAT)
+def test_chat_values_the_server_accepts_the_schema_accepts(client, extra):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, **extra}
+    assert client.post("/v1/chat/completions", json=body).status_code == 200
+    assert _validator(client, "ChatCompletionRequest").is_valid(body)
 
 
 def test_best_of_documents_that_it_must_equal_n(client):

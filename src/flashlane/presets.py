@@ -31,15 +31,46 @@ FORMAT_VERSION = 2  # 2: the reserved tokens are special (dropped from output te
 TINY_VOCAB = 4096
 SPECIAL_TOKENS = ["<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"]
 EOS_TOKENS = ["<|endoftext|>", "<|user|>", "<|observation|>"]  # a turn ends where another would begin
+# GLM-4.5/4.6's layout without the thinking blocks: tools listed in a system turn first, an
+# assistant's calls as <tool_call>name + <arg_key>/<arg_value> pairs, tool results as
+# <tool_response> blocks in one observation turn. Newlines after block tags are written as
+# {{ '\n' }}: the tokenizer's jinja environment trims the first newline after a block tag.
 TINY_CHAT_TEMPLATE = (
     "[gMASK]<sop>"
+    "{% macro text(content) %}"
+    "{% if content is string %}{{ content }}"
+    "{% elif content %}{% for part in content %}{{ part['text'] }}{% endfor %}{% endif %}"
+    "{% endmacro %}"
+    "{% if tools %}<|system|>\n# Tools\n\n"
+    "You can call functions to help with the user's request. Their signatures, as JSON, are "
+    "inside <tools></tools>:\n<tools>\n"
+    "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}"
+    "</tools>\n\n"
+    "To call a function, write its name and then each argument as a key/value pair, in this form:\n"
+    "<tool_call>{function-name}\n<arg_key>{arg-key-1}</arg_key>\n<arg_value>{arg-value-1}</arg_value>\n"
+    "<arg_key>{arg-key-2}</arg_key>\n<arg_value>{arg-value-2}</arg_value>\n...\n</tool_call>"
+    "{% endif %}"
     "{% for message in messages %}"
     "{% set role = 'observation' if message['role'] == 'tool' else message['role'] %}"
     "{% if role not in ['system', 'user', 'assistant', 'observation'] %}"
     "{{ raise_exception('unknown chat role: ' + message['role']) }}{% endif %}"
-    "<|{{ role }}|>\n"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for part in message['content'] %}{{ part['text'] }}{% endfor %}{% endif %}"
+    "{% if role == 'observation' %}"
+    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}<|observation|>{% endif %}"
+    "{{ '\n<tool_response>\n' }}{{ text(message['content']) }}{{ '\n</tool_response>' }}"
+    "{% else %}"
+    "<|{{ role }}|>\n{{ text(message['content']) }}"
+    "{% if role == 'assistant' and message['tool_calls'] %}"
+    "{% for call in message['tool_calls'] %}"
+    "{% set fn = call['function'] if call['function'] is defined else call %}"
+    "{% if message['content'] or not loop.first %}{{ '\n' }}{% endif %}"
+    "<tool_call>{{ fn['name'] }}{{ '\n' }}"
+    "{% if fn['arguments'] is mapping %}{% for key, value in fn['arguments'].items() %}"
+    "<arg_key>{{ key }}</arg_key>{{ '\n' }}"
+    "<arg_value>{{ value if value is string else value | tojson }}</arg_value>{{ '\n' }}"
+    "{% endfor %}{% endif %}"
+    "</tool_call>"
+    "{% endfor %}{% endif %}"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )

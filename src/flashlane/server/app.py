@@ -33,6 +33,7 @@ from .protocol import (ChatCompletionRequest, ChatCompletionResponse, Completion
                        ErrorResponse, ModelCard, ModelList)
 from .retry_after import RetryAfterWhileRestarting
 from .shutdown import AnswerCancelledAtShutdown
+from .tokenize import tokenize_router
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 
@@ -120,6 +121,7 @@ def create_app(engine: ServingEngine, served_model_name: str | None = None, api_
 
     app.include_router(debug_steps_router(engine, _ERRORS))
     app.include_router(profile_router(engine, profile_dir, _ERRORS))
+    app.include_router(tokenize_router(ctx, _ERRORS))
 
     # generation bodies are read by GuardedRoute: bounded before validation, large ones off the loop
     generation = APIRouter(route_class=GuardedRoute)

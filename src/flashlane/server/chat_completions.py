@@ -1,4 +1,10 @@
-"""POST /v1/chat/completions: messages rendered by the chat template, n choices."""
+"""POST /v1/chat/completions: messages (and tools) rendered by the chat template, n choices.
+
+With tools, each choice's text goes through a tool-call parser (``tools/``): free text with
+``tool_choice: "auto"``, grammar-decoded JSON with ``"required"`` or a named function. A stream
+sends nothing before a choice's first token: the first chunk of each choice carries the role
+together with its first content (or tool-call) delta.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ from contextlib import aclosing
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from ..engine.outputs import RequestOutput
 from .chat import render_chat
 from .context import ServerContext
 from .errors import bad_request
@@ -17,6 +24,7 @@ from .logprobs import TokenText, chat_logprobs, new_entries
 from .protocol import ChatCompletionRequest
 from .serving import Finished, check_stream_not_aborted, generate, stream_error, usage
 from .streaming import DONE, sse
+from .tools import ParsedDelta, ToolPlan, call_format, parse_whole, plan_tools
 
 RENDER_INLINE_MESSAGES = 64
 
@@ -26,18 +34,43 @@ async def build_jobs(ctx: ServerContext, body: ChatCompletionRequest) -> tuple[l
         raise bad_request("chat completions need a tokenizer and this server has none (--skip-tokenizer-init): "
                           "send token ids to /v1/completions", "messages")
     ctx.check_seqs(body.n, "n")
+    plan = plan_tools(body)
     # a long conversation is rendered off the event loop (its size is bounded by the body check)
-    text = (render_chat(ctx.tokenizer, body.messages) if len(body.messages) <= RENDER_INLINE_MESSAGES
-            else await asyncio.to_thread(render_chat, ctx.tokenizer, body.messages))
+    text = (render_chat(ctx.tokenizer, body.messages, plan.tools) if len(body.messages) <= RENDER_INLINE_MESSAGES
+            else await asyncio.to_thread(render_chat, ctx.tokenizer, body.messages, plan.tools))
     prompt = await ctx.prompt_ids(text, "messages")
     top = body.top_logprobs or 0
     logprobs = top if body.logprobs else None
     max_tokens = body.max_completion_tokens or body.max_tokens  # None: the rest of the context
+    structured = plan.structured()
     jobs = []
     for i in range(body.n):
         seed = None if body.seed is None else body.seed + i
-        jobs.append(Job(i, 0, prompt, ctx.sampling_params(body, len(prompt), max_tokens, logprobs, seed)))
+        params = ctx.sampling_params(body, len(prompt), max_tokens, logprobs, seed)
+        if structured is not None:
+            if params.structured is not None:
+                raise bad_request(f"tool_choice '{plan.choice}' decodes the calls under a grammar of their own; "
+                                  "it cannot be combined with response_format", "tool_choice")
+            params.structured = structured
+        jobs.append(Job(i, 0, prompt, params))
     return jobs, [len(prompt)]
+
+
+def finish_reason(out: RequestOutput, called: bool) -> str | None:
+    """OpenAI's "tool_calls" for an answer that made calls and ended by itself."""
+    return "tool_calls" if called and out.finish_reason == "stop" else out.finish_reason
+
+
+def answer(plan: ToolPlan, fmt: str, out: RequestOutput) -> tuple[dict, str | None]:
+    """A whole choice's message and finish reason."""
+    parser = plan.parser(fmt)
+    if parser is None:
+        return {"role": "assistant", "content": out.text}, out.finish_reason
+    content, calls = parse_whole(parser, out.text)
+    message = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = calls
+    return message, finish_reason(out, bool(calls))
 
 
 async def create_chat_completion(ctx: ServerContext, body: ChatCompletionRequest, request: Request) -> Response:
@@ -45,18 +78,50 @@ async def create_chat_completion(ctx: ServerContext, body: ChatCompletionRequest
     if not isinstance(done, Finished):
         return done
     rid, jobs, prompt_lens, finals = done.rid, done.jobs, done.prompt_lens, done.finals
+    plan, fmt = plan_tools(body), call_format(ctx.tokenizer)
     text_of = TokenText(ctx.tokenizer)
     top = body.top_logprobs or 0
     choices = []
     for job, out in zip(jobs, finals):
         lp = chat_logprobs(text_of, out.token_ids, out.logprobs or [], top) if body.logprobs else None
-        choices.append({"index": job.index, "message": {"role": "assistant", "content": out.text},
-                        "logprobs": lp, "finish_reason": out.finish_reason, "stop_reason": out.stop_reason})
+        message, reason = answer(plan, fmt, out)
+        choices.append({"index": job.index, "message": message, "logprobs": lp, "finish_reason": reason,
+                        "stop_reason": out.stop_reason})
     return JSONResponse({
         "id": rid, "object": "chat.completion", "created": int(time.time()), "model": ctx.served_model_name,
         "choices": choices,
         "usage": usage(prompt_lens, sum(len(o.token_ids) for o in finals), finals[0].num_cached_tokens),
     })
+
+
+class _ChoiceStream:
+    """One choice's deltas: its text through the tool parser, the role on its first chunk."""
+
+    def __init__(self, plan: ToolPlan, fmt: str) -> None:
+        self.parser = plan.parser(fmt)
+        self.started = False
+        self.called = False
+
+    def delta(self, out: RequestOutput, must_send: bool) -> dict | None:
+        """This output's delta; None when it has nothing to send (and ``must_send`` is false)."""
+        if self.parser is None:
+            d = {"content": out.delta_text} if out.delta_text or out.delta_token_ids or must_send else None
+        else:
+            parsed = self.parser.feed(out.delta_text)
+            if out.finished:
+                parsed.extend(self.parser.finish())
+            self.called = self.called or bool(parsed.calls)
+            d = _parsed_delta(parsed) if parsed or must_send else None
+        if d is not None and not self.started:
+            self.started = True
+            d = {"role": "assistant", **d}
+        return d
+
+
+def _parsed_delta(parsed: ParsedDelta) -> dict:
+    if not parsed.calls:
+        return {"content": parsed.content}
+    return {"content": parsed.content or None, "tool_calls": [c.as_openai() for c in parsed.calls]}
 
 
 async def _stream(ctx: ServerContext, rid: str, body: ChatCompletionRequest, jobs: list[Job],
@@ -69,6 +134,8 @@ async def _stream(ctx: ServerContext, rid: str, body: ChatCompletionRequest, job
     created = int(time.time())
     produced = [0] * len(jobs)
     cached = 0
+    plan, fmt = plan_tools(body), call_format(ctx.tokenizer)
+    choices = [_ChoiceStream(plan, fmt) for _ in jobs]
 
     def chunk(choice: dict) -> str:
         c = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": ctx.served_model_name,
@@ -77,9 +144,6 @@ async def _stream(ctx: ServerContext, rid: str, body: ChatCompletionRequest, job
             c["usage"] = usage(prompt_lens, sum(produced), cached) if continuous else None
         return sse(c)
 
-    for job in jobs:
-        yield chunk({"index": job.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                     "finish_reason": None})
     try:
         async with aclosing(run_jobs(ctx.engine, rid, jobs, ctx.metrics)) as outs:
             async for job, out in outs:
@@ -89,13 +153,16 @@ async def _stream(ctx: ServerContext, rid: str, body: ChatCompletionRequest, job
                 if body.logprobs:
                     toks, entries = new_entries(out)
                     lp = chat_logprobs(text_of, toks, entries, top) if toks else None
-                if not (out.delta_text or out.finished or lp or out.delta_token_ids):
+                choice = choices[job.index]
+                delta = choice.delta(out, must_send=out.finished or lp is not None)
+                if delta is None:
                     continue
                 if out.finished and job.index == 0:
                     cached = out.num_cached_tokens
-                yield chunk({"index": job.index, "delta": {"content": out.delta_text}, "logprobs": lp,
-                             "finish_reason": out.finish_reason if out.finished else None,
-                             "stop_reason": out.stop_reason if out.finished else None})
+                finished = out.finished
+                yield chunk({"index": job.index, "delta": delta, "logprobs": lp,
+                             "finish_reason": finish_reason(out, choice.called) if finished else None,
+                             "stop_reason": out.stop_reason if finished else None})
     except Exception as exc:
         yield stream_error(exc)
         return

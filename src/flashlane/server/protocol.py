@@ -6,7 +6,7 @@ naming the field rather than a surprise deep in the engine. Bounds that keep the
 (``logprobs`` <= 20, ``n`` <= 16, 64-bit seeds and top-k) live here too; bounds that depend on
 the model (context length, vocabulary) are checked by the handlers.
 
-Fields accepted only at one value (the penalties, ``logit_bias``, ``echo``, ``suffix``) are
+Fields accepted only at one value (the penalties, ``logit_bias``, ``suffix``) are
 refused by the handlers with a message saying so; their JSON schema says the same (``ONLY_*``),
 so the OpenAPI document advertises nothing the server refuses.
 """
@@ -16,7 +16,9 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from . import refused_fields
 
 MAX_N = 16
 MAX_LOGPROBS = 20
@@ -30,8 +32,8 @@ TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
 # JSON-schema keywords for "accepted only as this value" (validation stays in the handlers)
 ONLY_ZERO = {"const": 0}
 ONLY_EMPTY_OBJECT = {"maxProperties": 0}
-ONLY_FALSE = {"const": False}
 ONLY_EMPTY_STRING = {"maxLength": 0}
+ONLY_NULL = {"type": "null"}
 
 
 class _Strict(BaseModel):
@@ -43,7 +45,34 @@ class StreamOptions(_Strict):
     continuous_usage_stats: bool = False
 
 
-class _Sampling(_Strict):
+# vLLM's and OpenAI's fields that flashlane does not implement: declared so that setting one is a
+# 400 naming it (``serving.generate``), not a silent no-op
+_SamplingRefused = refused_fields.refusing_model("_SamplingRefused", _Strict, refused_fields.SAMPLING)
+_ChatRefused = refused_fields.refusing_model("_ChatRefused", _Strict, refused_fields.CHAT)
+
+
+class JsonSchemaFormat(_Strict):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema", description="the JSON schema the output follows")
+    strict: bool | None = Field(None, description="accepted; the schema is always enforced")
+
+
+class ResponseFormat(_Strict):
+    """OpenAI's ``response_format``: plain text, any JSON object, or JSON following a schema
+    (enforced token by token by a grammar)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> "ResponseFormat":
+        if self.type == "json_schema" and (self.json_schema is None or self.json_schema.schema_ is None):
+            raise ValueError("type 'json_schema' needs json_schema.schema, the JSON schema to follow")
+        return self
+
+
+class _Sampling(_SamplingRefused):
     """Fields shared by completions and chat completions."""
 
     model: str | None = Field(None, description="served model name; defaults to the only model served")
@@ -72,6 +101,7 @@ class _Sampling(_Strict):
     user: str | None = None
     logit_bias: dict[str, float] | None = Field(None, description="not supported (must be empty or null)",
                                                 json_schema_extra=ONLY_EMPTY_OBJECT)
+    response_format: ResponseFormat | None = None
 
 
 class CompletionRequest(_Sampling):
@@ -79,7 +109,13 @@ class CompletionRequest(_Sampling):
              | Annotated[list[TokenId], Field(min_length=1)]
              | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)])
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    echo: bool = Field(False, description="only false is supported", json_schema_extra=ONLY_FALSE)
+    max_tokens: int | None = Field(None, ge=0, description="tokens to generate (default 16, never more than fits); "
+                                                          "0 only with echo: score the prompt without generating")
+    echo: bool = Field(False, description="the prompt comes back before the completion, in text and logprobs "
+                                          "(the first prompt token has no logprob)")
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS,
+                                        description="vLLM extension: per prompt token its logprob plus the top "
+                                                    "this many; not with stream")
     best_of: int | None = Field(None, ge=1, le=MAX_N,
                                 description="must be null or equal to n (ranking by best_of is not supported); "
                                             "any other value is a 400")
@@ -94,18 +130,66 @@ class TextPart(_Strict):
     text: str
 
 
+MAX_TOOLS = 128
+# OpenAI's rule for function names, plus '.' and ':' (MCP-style "server.tool" names)
+FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:\-]{1,64}$")]
+
+
+class FunctionDefinition(_Strict):
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(None, description="a JSON schema of the arguments object")
+    strict: bool | None = None
+
+
+class ChatTool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: FunctionName
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class FunctionCall(_Strict):
+    name: FunctionName
+    arguments: str = Field(description="the arguments object as JSON text")
+
+
+class ToolCall(_Strict):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
     model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = Field(None, description="assistant messages: the calls it made")
+    tool_call_id: str | None = Field(None, description="tool messages: the call this is the result of")
 
 
-class ChatCompletionRequest(_Sampling):
+class ChatCompletionRequest(_Sampling, _ChatRefused):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: int | None = Field(None, ge=1, description="OpenAI's newer name for max_tokens")
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: Annotated[list[ChatTool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description="default: 'auto' with tools, 'none' without; 'required' and a named function are "
+                          "decoded under a grammar, so the output is always a valid call")
+    parallel_tool_calls: bool = Field(True, description="false: at most one call per answer")
+    functions: Any = Field(None, description="deprecated OpenAI API, refused: use 'tools'",
+                           json_schema_extra=ONLY_NULL)
+    function_call: Any = Field(None, description="deprecated OpenAI API, refused: use 'tool_choice'",
+                               json_schema_extra=ONLY_NULL)
 
 
 # ---- responses ---------------------------------------------------------------------------------
@@ -128,11 +212,20 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):
+    logprob: float
+    rank: int | None = Field(None, description="1 = most likely; null where the engine did not rank the token "
+                                               "(a prompt token outside the top prompt_logprobs)")
+    decoded_token: str
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     token_ids: list[int] | None = Field(None, description="with return_token_ids, or a server without a tokenizer")
     logprobs: CompletionLogprobs | None = None
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = Field(
+        None, description="with prompt_logprobs: per prompt token (null for the first), token id -> its logprob")
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
@@ -162,7 +255,8 @@ class ChatLogprobs(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str | None = None
+    content: str | None = Field(None, description="null when the answer is only tool calls")
+    tool_calls: list[ToolCall] | None = Field(None, description="with finish_reason 'tool_calls'")
 
 
 class ChatChoice(BaseModel):

@@ -12,7 +12,8 @@ from fastapi.responses import Response
 from ..engine.async_engine import EngineDeadError
 from ..engine.outputs import RequestOutput
 from .disconnect import ClientDisconnected, EventStream, cancel_on_disconnect
-from .errors import APIError, error_body
+from . import refused_fields
+from .errors import APIError, bad_request, error_body
 from .jobs import Job, collect
 from .shutdown import SHUTTING_DOWN
 from .streaming import DONE, sse
@@ -85,6 +86,9 @@ async def generate(ctx, body, request, build_jobs, id_prefix: str, stream) -> Fi
     """The front half both endpoints share: validate, admit, then stream (``stream(ctx, rid,
     body, jobs, prompt_lens)`` as SSE) or collect every job, aborting if the client leaves."""
     ctx.check_model(body.model)
+    refused = refused_fields.check(body)
+    if refused is not None:
+        raise bad_request(refused[1], refused[0])
     ctx.check_alive()
     jobs, prompt_lens = await build_jobs(ctx, body)
     ticket = ctx.admission.admit(len(jobs))
