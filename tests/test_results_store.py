@@ -96,3 +96,30 @@ def test_bench_registers_its_run_unless_told_not_to(fake_server, tmp_path):
         (run,) = store.runs()
         assert (run.kind, run.model, run.workload) == ("bench", "fake-model", "agentic/small")
         assert store.points(run.id)[0].metrics["tasks_per_hour"][0] > 0
+
+
+def test_a_three_stack_compare_lists_its_stacks_and_whole_point_names(tmp_path, capsys):
+    out = tmp_path / "compare"
+    stacks = ["naive", "hybrid-cache-gap", "flashlane"]
+    for stack in stacks:   # every stack is a `flashlane serve`: each point's server says "flashlane"
+        for model in ("tiny-flash", "tiny-standard"):
+            write_point(out / stack / model / "c1", summary(900.0, 8.0, (7.5, 8.5), 16.0, c=1), model=model)
+    (out / "compare.json").write_text(json.dumps({"stacks": [{"name": s} for s in stacks]}))
+    db = tmp_path / "results.db"
+    record_run(db, "compare", out)
+    assert main(["history", "--results-db", str(db)]) == 0
+    listed = capsys.readouterr().out
+    assert "| naive,hybrid-cache-gap,flashlane |" in listed and listed.count("| compare ") == 1
+    for stack in stacks:
+        for model in ("tiny-flash", "tiny-standard"):
+            assert f"{stack}/{model}/c1" in listed   # wrapped onto further rows, never cut
+
+
+def test_a_trend_draws_one_sparkline_per_model_workload_and_point(db, capsys):
+    assert main(["history", "--results-db", str(db), "--metric", "tasks_per_hour"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    # tiny-flash 1000 -> 990 -> 500 on its own scale; smollm2-135m's 50 tasks/h is another line
+    assert "  █▇▁  tiny-flash agentic/small c2 (3 runs)" in lines
+    assert "  ▁  smollm2-135m agentic/small c2 (1 run)" in lines
+    assert out.count("(lower is better)") + out.count("(higher is better)") == 1

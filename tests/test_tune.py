@@ -4,6 +4,8 @@ trials with their reasons, and templating checked before any server starts."""
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -12,7 +14,9 @@ import pytest
 from optuna.trial import TrialState
 
 from flashlane.cli.main import main
+from flashlane.cli.tune import _recorded_points
 from flashlane.tune.objective import parse_slo
+from flashlane.tune.report import command_block, render_text
 from flashlane.tune.space import flashlane_space, parse_space
 from flashlane.tune.study import ratio_ci
 from flashlane.tune.target import FlashlaneTarget, TemplateTarget
@@ -27,6 +31,11 @@ QUICK = ["--scale", "small", "--concurrency", "1", "--num-sessions", "1", "--no-
 def home(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHLANE_HOME", str(tmp_path / "home"))
     return tmp_path / "home"
+
+
+def unwrapped(text: str) -> str:
+    """Shell line continuations undone: a wrapped command back on one line."""
+    return re.sub(r" \\\n\s*", " ", text)
 
 
 def load(db: Path, name: str) -> optuna.Study:
@@ -57,7 +66,7 @@ def test_study_of_real_servers_resumes_and_its_best_meets_the_slo(tmp_path, caps
     best = next(t for t in study.trials if t.number == result["best"]["trial"])
     p90 = best.user_attrs["metrics"]["p90_task_latency"][0]
     assert p90 <= 120 and all(v <= 0 for v in best.constraints.values())
-    assert result["best"]["command"] in out and "flashlane serve --model tiny-flash" in out
+    assert result["best"]["command"] in unwrapped(out) and "flashlane serve --model tiny-flash" in out
     assert result["importances"] or "importances" in result["importances_note"]
     assert (tmp_path / "out" / "report.html").read_text().count("<img") >= 2
 
@@ -199,3 +208,36 @@ def test_ctrl_c_stops_the_server_and_leaves_a_resumable_study(tmp_path):
     assert r.returncode == 0, r.stderr
     trials = load(db, "i").trials
     assert len(trials) == 2 and trials[1].state == TrialState.COMPLETE
+
+
+LONG_COMMAND = ("flashlane serve --model tiny-flash --max-num-seqs 64 --max-num-batched-tokens 2048 --scheduler "
+                "continuous --max-wait-ms 0 --page-size 16 --enable-prefix-caching --checkpoint-share 0.1 "
+                "--served-model-name 'a b' --tokenizer \"$HOME/tok\" && echo done")
+
+
+def test_the_printed_serve_command_wraps_and_pastes_back_unchanged():
+    block = command_block(LONG_COMMAND, indent="    ")
+    lines = block.splitlines()
+    assert len(lines) > 1 and all(len(line) <= 88 for line in lines)
+    assert all(line.endswith(" \\") for line in lines[:-1])
+    assert "--max-wait-ms 0" in block and "'a b'" in block   # a flag stays beside its value, quoting kept
+    assert '"$HOME/tok"' in block and " && echo done" in block   # nothing re-quoted
+    assert shlex.split(unwrapped(block)) == shlex.split(LONG_COMMAND)
+    metrics = {"tasks_per_hour": [6000.0, 5000.0, 7000.0]}
+    text = render_text({"study": "s", "objective": "maximize tasks_per_hour", "n_trials": 3, "n_failed": 0,
+                        "metrics": ["tasks_per_hour"], "slos": [], "pareto_front": [], "importances": {},
+                        "importances_note": None, "remeasure": None, "default_params": {},
+                        "best": {"trial": 2, "params": {"max_num_seqs": 64}, "metrics": metrics,
+                                 "command": LONG_COMMAND}})
+    assert all(len(line) <= 88 for line in text.splitlines()[2:]) and LONG_COMMAND in unwrapped(text)
+
+
+def test_recorded_configurations_are_named_by_trial_never_best(tmp_path):
+    """The shape of benchmarks/results/tune_tiny_flash_small.json: the search's best is the default
+    (trial 0), so the re-measured other trial (6) is worse, and must not be recorded as "best"."""
+    runs = lambda name: [{"run_dir": str(tmp_path / f"r{k}-{name}"), "metrics": {}} for k in (1, 2)]  # noqa: E731
+    result = {"remeasure": {"metric": "tasks_per_hour", "configs": {"default": {"runs": runs("default")},
+                                                                    "trial-6": {"runs": runs("trial-6")}}},
+              "best": {"trial": 0}, "trials": [{"number": 0, "run_dir": str(tmp_path / "t0")}]}
+    assert [name for name, _ in _recorded_points(result)] == ["default", "default-r2", "trial-6", "trial-6-r2"]
+    assert _recorded_points({**result, "remeasure": None}) == [("trial-0", tmp_path / "t0")]

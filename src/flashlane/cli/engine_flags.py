@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 from ..engine.engine_args import EngineArgs, check_sizes
@@ -110,8 +111,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="requests per batch with --scheduler static")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="longest sequence, prompt plus output (default: the model's, capped by the cache)")
-    p.add_argument("--num-threads", type=int, default=None,
-                   help="torch CPU threads (default: torch's choice; `serve`'s engine process: all CPUs but one)")
+    p.add_argument("--num-threads", type=_at_least_one, default=None,
+                   help="torch CPU threads (default: the CPUs not busy at start-up less one, at least 1; "
+                        "printed at start)")
     p.add_argument("--quantization", choices=["int8", "w8a8"], default=None,
                    help="int8 weights for every linear, the MoE experts and the LM head; w8a8 also "
                         "quantises activations per token where that measures faster (prefill on "
@@ -151,6 +153,20 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--compile-sizes", type=_sizes, default=d.compile_sizes,
                    help="comma-separated decode batch buckets compiled with --compile (capped at the "
                         f"sequences that can run at once; default: {','.join(map(str, d.compile_sizes))})")
+
+
+def apply_thread_default(args: argparse.Namespace) -> None:
+    """Before the engine (and torch) starts: fill in --num-threads when not given, prefer sleeping
+    OpenMP threads, and say on stderr what was chosen (and when the machine is busy)."""
+    from ..engine.threads import choose_threads, prefer_passive_waiting
+
+    prefer_passive_waiting()
+    choice = choose_threads(args.num_threads)
+    if choice.set_here:
+        args.num_threads = choice.threads
+    print(choice.describe(), file=sys.stderr)
+    if choice.warning():
+        print(choice.warning(), file=sys.stderr)
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

@@ -8,7 +8,7 @@ import json
 import sys
 import time
 
-from .engine_flags import add_engine_flags, engine_kwargs
+from .engine_flags import add_engine_flags, apply_thread_default, engine_kwargs
 from .help import HelpFormatter
 
 DESCRIPTION = """\
@@ -75,6 +75,7 @@ def add_parser(sub):
 
 
 def run(args) -> int:
+    apply_thread_default(args)   # before torch loads
     from ..evaluate.corpus import default_corpus, read_corpus
     from ..evaluate.evaluator import EvalSettings, evaluate, reference_options
     from ..evaluate.report import markdown, write_reports

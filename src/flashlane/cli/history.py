@@ -9,10 +9,12 @@
 from __future__ import annotations
 
 import sys
+import textwrap
 
 from .help import HelpFormatter
 
 SPARK = "▁▂▃▄▅▆▇█"
+POINTS_WIDTH = 60   # the points column wraps here, onto continuation rows, between point names
 
 
 def _filters(p) -> None:
@@ -84,12 +86,26 @@ def listing(store, args) -> int:
     for r in runs:
         pts = store.points(r.id)
         first = pts[0].metrics if pts else {}
-        rows.append([r.id, r.created_utc, r.kind, r.model or "–", r.workload or "–", r.stack or "–",
-                     ", ".join(f"{p.target}/{p.label}" if p.target != r.model else p.label for p in pts)[:60],
-                     with_ci(first["tasks_per_hour"]) if "tasks_per_hour" in first else "–"])
+        names = ", ".join(f"{p.target}/{p.label}" if p.target != r.model else p.label for p in pts)
+        points = textwrap.wrap(names, POINTS_WIDTH, break_long_words=False, break_on_hyphens=False) or [""]
+        rows.append([r.id, r.created_utc, r.kind, r.model or "–", r.workload or "–", stacks(r) or "–",
+                     points[0], with_ci(first["tasks_per_hour"]) if "tasks_per_hour" in first else "–"])
+        rows += [[""] * 6 + [more, ""] for more in points[1:]]
     print(md_table(["run", "created (UTC)", "kind", "model", "workload", "stack", "points",
                     "tasks/h (first point)"], rows))
     return 0
+
+
+def stacks(run) -> str | None:
+    """The serving stacks a compare ran (from its compare.json, in its order); else the stack that
+    answered (its /v1/models owner) -- which for a compare is the same server under every stack."""
+    listed = [s.get("name") for s in (run.summary.get("compare.json") or {}).get("stacks") or []]
+    return ",".join(n for n in listed if n) or run.stack
+
+
+def spark(values: list[float]) -> str:
+    lo, hi = min(values), max(values)
+    return "".join(SPARK[int((v - lo) / (hi - lo) * (len(SPARK) - 1)) if hi > lo else 0] for v in values)
 
 
 def trend(store, args) -> int:
@@ -103,19 +119,28 @@ def trend(store, args) -> int:
     if not series:
         print(f"no recorded run has {m.name}")
         return 0
-    rows, prev = [], {}
+    rows, by_key = [], {}
     for r, p in series:
         v = p.metrics[m.name]
-        key = (p.target, p.label)
-        change = f"{(v[0] - prev[key]) / prev[key]:+.1%}" if prev.get(key) else "–"
-        prev[key] = v[0]
+        key = trend_key(r, p)
+        prev = by_key.get(key, [None])[-1]
+        change = f"{(v[0] - prev) / prev:+.1%}" if prev else "–"
+        by_key.setdefault(key, []).append(v[0])
         rows.append([r.id, r.created_utc, r.kind, p.target, p.label, with_ci(v), change])
     print(md_table(["run", "created (UTC)", "kind", "target", "point", f"{m.name} ({m.unit or '-'})", "change"], rows))
-    vals = [p.metrics[m.name][0] for _, p in series]
-    lo, hi = min(vals), max(vals)
-    spark = "".join(SPARK[int((v - lo) / (hi - lo) * (len(SPARK) - 1)) if hi > lo else 0] for v in vals)
-    print(f"\n{m.name}: {spark}  ({'higher' if m.higher_is_better else 'lower'} is better)")
+    print(f"\n{m.name} ({'higher' if m.higher_is_better else 'lower'} is better), oldest to newest:")
+    for key, vals in by_key.items():
+        print(f"  {spark(vals)}  {' '.join(key)} ({len(vals)} run{'s' if len(vals) > 1 else ''})")
     return 0
+
+
+def trend_key(run, point) -> tuple[str, ...]:
+    """What one sparkline follows: the model, the target within the run (a stack, a tune
+    configuration), the workload and the load point; runs of other targets get their own line."""
+    parts = [run.model or "?"]
+    if point.target != run.model:
+        parts.append(point.target)
+    return (*parts, run.workload or "?", point.label)
 
 
 def check(store, args) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .engine_flags import add_engine_flags, engine_kwargs
+from .engine_flags import add_engine_flags, apply_thread_default, engine_kwargs
 from .help import HelpFormatter
 
 
@@ -50,6 +50,7 @@ def format_table(title: str, phase: dict, unit: str) -> str:
 def run(args) -> int:
     import json
 
+    apply_thread_default(args)   # before torch loads
     from ..engine.llm_engine import LLMEngine
     from ..engine.profile_steps import profile_steps
 

@@ -10,7 +10,7 @@ import socket
 
 from ..engine.restart_policy import DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_BACKOFF_S, MAX_BACKOFF_S, RESTART_WINDOW_S
 from ..server.body_limits import DEFAULT_MAX_SEQS_PER_REQUEST
-from .engine_flags import _writable_dir, add_engine_flags, engine_kwargs
+from .engine_flags import _writable_dir, add_engine_flags, apply_thread_default, engine_kwargs
 from .help import HelpFormatter
 
 API_KEY_ENV = "FLASHLANE_API_KEY"  # vLLM reads VLLM_API_KEY the same way
@@ -55,9 +55,9 @@ def add_parser(sub):
     p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
                    help="run the scheduler and the model in their own process (owning the torch threads; "
                         "HTTP, tokenising and streaming stay here, so neither waits on the other's GIL or "
-                        "OpenMP pool; without --num-threads it takes all CPUs but one); if that process dies, "
-                        "the requests in it get 503, the death and its cause are logged and another process is "
-                        "started (see --engine-restarts). "
+                        "OpenMP pool; without --num-threads it takes the CPUs not busy at start-up but one); if "
+                        "that process dies, the requests in it get 503, the death and its cause are logged and "
+                        "another process is started (see --engine-restarts). "
                         "--no-engine-process steps the engine on a thread of the server process (default: on)")
     p.add_argument("--engine-restarts", type=int, default=DEFAULT_MAX_RESTARTS, metavar="N",
                    help=f"times a dead engine process is started again within {RESTART_WINDOW_S / 60:g} minutes; "
@@ -74,6 +74,7 @@ def add_parser(sub):
 
 
 def run(args) -> int:
+    apply_thread_default(args)   # before torch loads
     from ..engine.async_engine import AsyncEngine
     from ..engine.core_supervisor import EngineCoreSupervisor
     from ..server.app import DEFAULT_MAX_BODY_BYTES, create_app

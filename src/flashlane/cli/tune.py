@@ -72,7 +72,7 @@ def add_parser(subparsers):
     p.add_argument("--remeasure-top", type=int, default=2,
                    help="re-measure the best K trials against the default configuration at the end (0: off)")
     p.add_argument("--remeasure-repeats", type=positive_int, default=1,
-                   help="rounds of that re-measurement (each round: default, best 1, ..., best K)")
+                   help="rounds of that re-measurement (each round: the default, then the best K trials)")
     p.add_argument("--no-default-trial", action="store_true",
                    help="do not start a new study with the default configuration as trial 0")
     p.add_argument("--startup-timeout", type=float, default=600.0,
@@ -211,18 +211,17 @@ def _run(args, home) -> int:
 
 
 def _recorded_points(result: dict):
-    """The re-measured default and best configurations (default, best-1, best-2; round k > 1 as
-    best-1-rk), else the best trial's own measurement (best-1)."""
+    """The re-measured configurations, named as in the report ("default", "trial-N"; round k > 1
+    as "trial-N-rk"), else the best trial's own measurement ("trial-N"). Never "best": the search's
+    ranking is on one noisy measurement, and the re-measurement may put a trial below the default."""
     from pathlib import Path
     rm = result.get("remeasure")
     if rm:
-        pts = []
-        for rank, c in enumerate(rm["configs"].values()):
-            name = "default" if rank == 0 else f"best-{rank}"
-            pts += [(name if k == 0 else f"{name}-r{k + 1}", Path(r["run_dir"])) for k, r in enumerate(c["runs"])]
+        pts = [(name if k == 0 else f"{name}-r{k + 1}", Path(r["run_dir"]))
+               for name, c in rm["configs"].items() for k, r in enumerate(c["runs"])]
         if pts:
             return pts
     if result.get("best"):
         t = next(r for r in result["trials"] if r["number"] == result["best"]["trial"])
-        return [("best-1", Path(t["run_dir"]))]
+        return [(f"trial-{t['number']}", Path(t["run_dir"]))]
     return []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import shlex
 import warnings
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from .objective import Objective  # noqa: E402
 from .study import feasible, finished, ranked  # noqa: E402
 
 MIN_TRIALS_FOR_IMPORTANCE = 4
+COMMAND_WIDTH = 88   # a pasted serve command wraps here, with shell line continuations
 
 
 def importances(study: optuna.Study, objective: Objective) -> tuple[dict[str, float], str | None]:
@@ -183,6 +185,25 @@ def improvement_text(result: dict) -> list[str]:
     return lines
 
 
+def command_block(command: str, indent: str = "", width: int = COMMAND_WIDTH) -> str:
+    """`command` as shell lines of at most `width` characters (one flag never split from its
+    value), joined by backslash continuations: pasted into a shell it runs unchanged. Words keep
+    their quotes and `$VARS` as written (non-POSIX splitting), so nothing is re-quoted."""
+    groups: list[list[str]] = [[]]   # the program and its positionals, then one group per flag
+    for word in shlex.split(command, posix=False):
+        if word.startswith("-") and not word[1:2].isdigit() and groups[-1]:
+            groups.append([])
+        groups[-1].append(word)
+    lines = [indent + " ".join(groups[0])]
+    for g in groups[1:]:
+        piece = " ".join(g)
+        if len(lines[-1]) + 1 + len(piece) + 2 <= width:
+            lines[-1] += " " + piece
+        else:
+            lines.append(indent + "  " + piece)
+    return " \\\n".join(lines)
+
+
 def render_text(result: dict) -> str:
     lines = [f"study {result['study']}: {result['objective']}",
              f"{result['n_trials']} trial(s), {result['n_failed']} failed"]
@@ -194,7 +215,7 @@ def render_text(result: dict) -> str:
                                                                       for s in result["slos"]]) if n in ms)
         is_default = b["params"] == (result.get("default_params") or {})
         lines += [f"best feasible: trial {b['trial']}{' (the default configuration)' if is_default else ''}: "
-                  f"{shown}", f"  {b['command']}"]
+                  f"{shown}", "  serve it with:", command_block(b["command"], indent="    ")]
     else:
         lines.append("no trial met the SLOs")
     for f in result["pareto_front"]:
