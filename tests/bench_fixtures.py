@@ -1,9 +1,8 @@
 """Fixtures for the bench tests: a fake OpenAI-compatible server (fast unit tests of the client)
-and a real `flashlane serve --model tiny-flash` subprocess, used once flashlane.server exists.
+and a real `flashlane serve --model tiny-flash` subprocess.
 
-`server_url` runs each integration test against both; the real one is skipped only while the
-flashlane server cannot start yet (`flashlane serve --help` fails), or is taken from
-$FLASHLANE_BENCH_SERVER_URL when set.
+`server_url` runs each integration test against both; the real one is started here, or taken
+from $FLASHLANE_BENCH_SERVER_URL when set.
 """
 
 from __future__ import annotations
@@ -33,14 +32,6 @@ def fake_server(fake_server_session):
     return fake_server_session
 
 
-def _flashlane_serve_available() -> bool:
-    try:
-        r = subprocess.run(FLASHLANE_SERVE + ["--help"], capture_output=True, timeout=120)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return r.returncode == 0
-
-
 @pytest.fixture(scope="session")
 def flashlane_server(tmp_path_factory):
     """Base URL of a real `flashlane serve --model tiny-flash` on 127.0.0.1."""
@@ -48,8 +39,6 @@ def flashlane_server(tmp_path_factory):
     if url:
         yield url.rstrip("/")
         return
-    if not _flashlane_serve_available():
-        pytest.skip("flashlane server not available yet (`flashlane serve --help` fails)")
     port = free_port()
     log = Path(tmp_path_factory.mktemp("flashlane_server")) / "server.log"
     srv = ServerProcess(FLASHLANE_SERVE + ["--model", "tiny-flash", "--host", "127.0.0.1",

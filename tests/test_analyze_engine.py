@@ -8,20 +8,18 @@
 from __future__ import annotations
 
 import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
 
-torch = pytest.importorskip("torch")
-
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
-from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
-
-from flashlane.analyze.cache import cache_bytes  # noqa: E402
-from flashlane.analyze.flops import decode_flops, prefill_flops  # noqa: E402
-from flashlane.analyze.params import COMPONENTS, component_of, count_params  # noqa: E402
-from flashlane.cache_spec import cache_spec  # noqa: E402
-from flashlane.config import parse_config  # noqa: E402
-from flashlane.engine.cache.pools import allocate_pools  # noqa: E402
-from flashlane.models.forward_batch import ForwardBatch  # noqa: E402
-from flashlane.presets import preset_config  # noqa: E402
+from flashlane.analyze.cache import cache_bytes
+from flashlane.analyze.flops import decode_flops, prefill_flops
+from flashlane.analyze.params import COMPONENTS, component_of, count_params
+from flashlane.cache_spec import cache_spec
+from flashlane.config import parse_config
+from flashlane.engine.cache.pools import allocate_pools
+from flashlane.models.forward_batch import ForwardBatch
+from flashlane.presets import preset_config
 
 TINY_LLAMA = dict(model_type="llama", vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)

@@ -9,14 +9,12 @@ from __future__ import annotations
 import copy
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from flashlane.analyze.models import full_size_preset_dict  # noqa: E402
-from flashlane.analyze.params import COMPONENTS, component_of, count_params  # noqa: E402
-from flashlane.config import parse_config  # noqa: E402
-from flashlane.presets import preset_config  # noqa: E402
+from flashlane.analyze.models import full_size_preset_dict
+from flashlane.analyze.params import COMPONENTS, component_of, count_params
+from flashlane.config import parse_config
+from flashlane.presets import preset_config
 
 
 def counted_by_component(state_dict: dict, cfg) -> dict[str, int]:

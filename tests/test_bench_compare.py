@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bench_fixtures import _flashlane_serve_available, run_cli
+from bench_fixtures import run_cli
 
 FAKE_SERVE = f"{sys.executable} tests/bench_fake_server.py --port {{port}} --model {{model}} --token-delay 0.002"
 
@@ -112,8 +112,6 @@ def test_compare_stops_servers_on_ctrl_c(tmp_path):
 def test_flashlane_compare_default_targets_small_scale(tmp_path):
     """`flashlane compare --scale small --stacks flashlane` end to end: tiny-flash vs tiny-standard,
     started here, over a concurrency sweep."""
-    if not _flashlane_serve_available():
-        pytest.skip("flashlane server not available yet (`flashlane serve --help` fails)")
     out = tmp_path / "e2e"
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "flashlane.cli.main", "compare", "--scale", "small",

@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bench_fixtures import _flashlane_serve_available, run_cli
+from bench_fixtures import run_cli
 from flashlane.analyze import Hardware
 from flashlane.bench.compare import CompareTarget, assign_roles, launch_command, resolve_targets
 from flashlane.bench.layer_profile import breakdown_sentence, layer_shares
@@ -145,8 +145,6 @@ def _serve_has_static_scheduler() -> bool:
 
 @pytest.mark.slow
 def test_compare_stacks_end_to_end_against_real_servers(tmp_path):
-    if not _flashlane_serve_available():
-        pytest.skip("flashlane server not available")
     stacks = "naive,flashlane" if _serve_has_static_scheduler() else "hybrid-cache-gap,flashlane"
     out = tmp_path / "stacks"
     r = subprocess.run([sys.executable, "-m", "flashlane.cli.main", "compare", "--stacks", stacks,

@@ -11,8 +11,14 @@ from flashlane import presets
 from flashlane.cli.main import main
 from flashlane.engine.llm import LLM
 from flashlane.evaluate.corpus import default_corpus, make_windows, read_corpus
-from flashlane.evaluate.metrics import (Agreement, Likelihood, greedy_agreement, kl_divergence, percentile,
-                                        top1_matches)
+from flashlane.evaluate.metrics import (
+    Agreement,
+    Likelihood,
+    greedy_agreement,
+    kl_divergence,
+    percentile,
+    top1_matches,
+)
 from flashlane.evaluate.report import pareto_front
 from flashlane.evaluate.sweep import check_options, parse_sweep
 
@@ -164,7 +170,7 @@ def test_smollm2_perplexity_is_stable_and_equals_transformers_loss():
     """Two windows of 512 tokens of the default corpus (1022 scored tokens). transformers runs
     its own Llama on flashlane's weights (test_gguf_smollm2 checks them equal to transformers'
     own GGUF load, which costs ~20 s of CPU more)."""
-    transformers = pytest.importorskip("transformers")
+    import transformers
     llm = LLM("smollm2-135m", dtype="float32", enable_prefix_caching=False)
     ids = llm.tokenizer.encode(default_corpus()[1][:20_000], add_special_tokens=False)
     windows = make_windows(ids, 512, max_windows=2)

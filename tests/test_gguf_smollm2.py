@@ -2,10 +2,10 @@
 
 import pytest
 import torch
+from paged_runner import PagedRunner
 
 from flashlane import presets
 from flashlane.models.registry import load_model
-from paged_runner import PagedRunner
 
 try:
     GGUF = presets.smollm2_gguf_path()
@@ -29,7 +29,7 @@ def ours():
 
 @pytest.fixture(scope="module")
 def hf():
-    transformers = pytest.importorskip("transformers")
+    import transformers
     return transformers.AutoModelForCausalLM.from_pretrained(
         str(GGUF.parent), gguf_file=GGUF.name, dtype=torch.float32).eval()
 

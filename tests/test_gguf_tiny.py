@@ -1,17 +1,16 @@
 """A tiny llama written as GGUF (F32 / F16 / Q8_0 / Q4_1, llama.cpp q/k row order) loads back exactly."""
 
+import gguf
 import numpy as np
 import pytest
 import torch
 
-gguf = pytest.importorskip("gguf")
-
-from flashlane import presets  # noqa: E402
-from flashlane.cli.make_tiny import tiny_llama_config  # noqa: E402
-from flashlane.models.gguf_loader import GGUFError, unpermute_qk  # noqa: E402
-from flashlane.models.loader import random_state  # noqa: E402
-from flashlane.models.registry import build_model, load_model  # noqa: E402
-from flashlane.config import parse_config  # noqa: E402
+from flashlane import presets
+from flashlane.cli.make_tiny import tiny_llama_config
+from flashlane.config import parse_config
+from flashlane.models.gguf_loader import GGUFError, unpermute_qk
+from flashlane.models.loader import random_state
+from flashlane.models.registry import build_model, load_model
 
 Q = gguf.GGMLQuantizationType
 GGUF_NAMES = {
@@ -130,7 +129,7 @@ def test_tiny_gguf_round_trip(tmp_path, untied):
 
 
 def test_tiny_gguf_matches_transformers_gguf_loader(tmp_path):
-    transformers = pytest.importorskip("transformers")
+    import transformers
     path = tmp_path / "tiny.gguf"
     _write_gguf(path, untied=True)
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name,

@@ -9,14 +9,12 @@ paged cache exactly as the engine drives it.
 
 import pytest
 import torch
+from hf_tiny import glm5_next_text_state_dict, make_hf_glm5_next
+from paged_runner import PagedRunner
 
-transformers = pytest.importorskip("transformers")
-
-from flashlane.config import parse_config  # noqa: E402
-from flashlane.models.glm5_next import Glm5NextForCausalLM  # noqa: E402
-from flashlane.models.loader import cast_model  # noqa: E402
-from hf_tiny import glm5_next_text_state_dict, make_hf_glm5_next  # noqa: E402
-from paged_runner import PagedRunner  # noqa: E402
+from flashlane.config import parse_config
+from flashlane.models.glm5_next import Glm5NextForCausalLM
+from flashlane.models.loader import cast_model
 
 LENGTHS = (23, 97, 300)
 NEW_TOKENS = 32

@@ -2,20 +2,17 @@
 
 import pytest
 import torch
+from hf_tiny import glm5_next_hf_config, randomise_glm5_next_constants
+from transformers.models.glm5_next import modeling_glm5_next as ref
 
-transformers = pytest.importorskip("transformers")
-
-from transformers.models.glm5_next import modeling_glm5_next as ref  # noqa: E402
-
-from flashlane.cache_spec import cache_spec  # noqa: E402
-from flashlane.config import parse_config  # noqa: E402
-from flashlane.kernels.kda import kda_chunk, kda_decode, kda_gate, kda_recurrent  # noqa: E402
-from flashlane.kernels.mhc import hc_post, hc_pre  # noqa: E402
-from flashlane.kernels.short_conv import short_conv, short_conv_decode  # noqa: E402
-from flashlane.engine.cache.pools import allocate_pools  # noqa: E402
-from flashlane.models.forward_batch import ForwardBatch  # noqa: E402
-from flashlane.models.kda_attention import KDAAttention  # noqa: E402
-from hf_tiny import glm5_next_hf_config, randomise_glm5_next_constants  # noqa: E402
+from flashlane.cache_spec import cache_spec
+from flashlane.config import parse_config
+from flashlane.engine.cache.pools import allocate_pools
+from flashlane.kernels.kda import kda_chunk, kda_decode, kda_gate, kda_recurrent
+from flashlane.kernels.mhc import hc_post, hc_pre
+from flashlane.kernels.short_conv import short_conv, short_conv_decode
+from flashlane.models.forward_batch import ForwardBatch
+from flashlane.models.kda_attention import KDAAttention
 
 TOL = 2e-5
 

@@ -2,12 +2,11 @@
 
 import pytest
 import torch
+import transformers
+from paged_runner import PagedRunner
 
-transformers = pytest.importorskip("transformers")
-
-from flashlane.config import parse_config  # noqa: E402
-from flashlane.models.llama import LlamaForCausalLM  # noqa: E402
-from paged_runner import PagedRunner  # noqa: E402
+from flashlane.config import parse_config
+from flashlane.models.llama import LlamaForCausalLM
 
 LENGTHS = (37, 90, 5)
 

@@ -5,27 +5,30 @@ import shutil
 
 import pytest
 import torch
+import transformers
+from paged_runner import PagedRunner
 from safetensors.torch import load_file, save_file
 
 from flashlane.cli.make_tiny import make_tiny, tiny_config, tiny_llama_config
 from flashlane.config import ConfigError, parse_config
 from flashlane.models import registry
-from flashlane.models.loader import (FP32_PARAMS, LoadError, load_state, random_state, random_tensor,
-                                     resolve_dtype)
+from flashlane.models.loader import (
+    FP32_PARAMS,
+    LoadError,
+    load_state,
+    random_state,
+    random_tensor,
+    resolve_dtype,
+)
 from flashlane.models.registry import load_model
-from flashlane.models.weights import dequantize_fp8_blocks, quantize_fp8_blocks, to_flashlane, to_published
-from paged_runner import PagedRunner
-
-transformers = pytest.importorskip("transformers")
+from flashlane.models.weights import (
+    dequantize_fp8_blocks,
+    quantize_fp8_blocks,
+    to_flashlane,
+    to_published,
+)
 
 ARCHS = ["llama", "glm_moe_dsa", "glm5_next"]
-
-
-def _need_arch(arch):
-    try:
-        registry.model_class(arch)
-    except LoadError as exc:
-        pytest.skip(str(exc))
 
 
 def _logprobs(loaded, prompts, chunk=None):
@@ -98,7 +101,6 @@ def test_to_published_matches_transformers_saved_layout(tmp_path, arch):
 
 @pytest.mark.parametrize("arch", ["glm_moe_dsa", "glm5_next"])
 def test_glm_save_pretrained_folder_loads_exactly(tmp_path, arch):
-    _need_arch(arch)
     hf, in_memory = _hf_glm(arch)
     hf.save_pretrained(tmp_path)
     loaded = load_model(tmp_path, require_tokenizer=False)
@@ -129,7 +131,6 @@ def _write(folder, arch, seed, published=False, shards=1):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_published_names_give_the_same_model(tmp_path, arch):
-    _need_arch(arch)
     a = _write(tmp_path / "memory", arch, seed=3)
     b = _write(tmp_path / "published", arch, seed=3, published=True)
     names_b = set(load_file(b / "model.safetensors"))
@@ -186,7 +187,6 @@ def test_dequantize_fp8_blocks_matches_blockwise_loop():
 
 @pytest.mark.parametrize("arch", ["llama", "glm_moe_dsa"])
 def test_fp8_checkpoint_is_dequantised_on_load(tmp_path, arch):
-    _need_arch(arch)
     folder = _write(tmp_path / "fp8", arch, seed=2, published=True)
     tensors = load_file(folder / "model.safetensors")
     quantised, expected = {}, {}
@@ -256,7 +256,6 @@ def test_dtype_resolution():
 
 @pytest.mark.parametrize("arch", ["llama", "glm5_next"])
 def test_bfloat16_load_keeps_fp32_tensors(tmp_path, arch):
-    _need_arch(arch)
     loaded = load_model(make_tiny(arch, tmp_path / "m", seed=1), dtype="bfloat16")
     keep = getattr(loaded.model, "keep_fp32_params", FP32_PARAMS)
     dtypes = {n: p.dtype for n, p in loaded.model.state_dict().items() if p.is_floating_point()}

@@ -121,13 +121,11 @@ def test_concurrent_creation_is_safe(cache):
 
 @pytest.mark.parametrize("name", ["tiny-flash", "tiny-standard"])
 def test_preset_loads_and_runs(cache, name):
-    from flashlane.models.registry import LoadError, load_model
     from paged_runner import PagedRunner
 
-    try:
-        loaded = load_model(name)
-    except LoadError as exc:
-        pytest.skip(str(exc))
+    from flashlane.models.registry import load_model
+
+    loaded = load_model(name)
     n = sum(p.numel() for p in loaded.model.parameters())
     assert 3e6 < n < 50e6
     assert loaded.name == name and loaded.tokenizer.vocab_size == loaded.config.vocab_size

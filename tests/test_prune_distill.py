@@ -8,19 +8,23 @@ import json
 
 import pytest
 import torch
+import transformers
 
-transformers = pytest.importorskip("transformers")
-
-from flashlane.cli.main import main  # noqa: E402
-from flashlane.cli.make_tiny import make_tiny  # noqa: E402
-from flashlane.compress.calibration import corpus_windows, forward_logits, tail_windows  # noqa: E402
-from flashlane.compress.checkpoint import write_checkpoint  # noqa: E402
-from flashlane.compress.distill import DistillSettings, distill, kd_loss, training_windows  # noqa: E402
-from flashlane.compress.prune import plan_pruning, prune_model  # noqa: E402
-from flashlane.compress.prune_experts import ExpertCollector, select_experts  # noqa: E402
-from flashlane.compress.student import load_trainable, save_student, student_folder  # noqa: E402
-from flashlane.models.loader import read_tensors, save_checkpoint  # noqa: E402
-from flashlane.models.registry import load_model  # noqa: E402
+from flashlane.cli.main import main
+from flashlane.cli.make_tiny import make_tiny
+from flashlane.compress.calibration import corpus_windows, forward_logits, tail_windows
+from flashlane.compress.checkpoint import write_checkpoint
+from flashlane.compress.distill import (
+    DistillSettings,
+    distill,
+    kd_loss,
+    training_windows,
+)
+from flashlane.compress.prune import plan_pruning, prune_model
+from flashlane.compress.prune_experts import ExpertCollector, select_experts
+from flashlane.compress.student import load_trainable, save_student, student_folder
+from flashlane.models.loader import read_tensors, save_checkpoint
+from flashlane.models.registry import load_model
 
 TOL = 1e-4
 SEQ = 32

@@ -38,10 +38,8 @@ def model_class(arch: str) -> type[nn.Module]:
     if arch not in MODEL_CLASSES:
         raise LoadError(f"no model class for architecture {arch!r} (known: {', '.join(MODEL_CLASSES)})")
     module, cls = MODEL_CLASSES[arch]
-    try:
-        return getattr(importlib.import_module(module), cls)
-    except (ImportError, AttributeError) as exc:
-        raise LoadError(f"architecture {arch!r}: {module}.{cls} is not available ({exc})") from exc
+    # a model module that fails to import is a bug, not an unsupported checkpoint: let it raise
+    return getattr(importlib.import_module(module), cls)
 
 
 def build_model(cfg: ModelConfig, device: str | torch.device = "cpu", with_mtp: bool | None = None) -> nn.Module:
