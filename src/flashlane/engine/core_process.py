@@ -19,7 +19,6 @@ to shut down) and exits when the pipe closes, so it never outlives its server.
 
 from __future__ import annotations
 
-import os
 import pickle
 import signal
 import traceback
@@ -29,6 +28,7 @@ from .llm_engine import LLMEngine
 from .output_deltas import DeltaEncoder
 from .profiling import StepProfiler, write_window
 from .request_batches import abort_each, add_all
+from .threads import default_threads, usable_cpus
 
 OUTPUT_SLICE_IDS = 1 << 20   # prompt ids per outputs message (first outputs carry their prompt)
 
@@ -117,11 +117,11 @@ def _handle(core: _Core, msg) -> bool:
 
 
 def default_engine_threads() -> int:
-    """Torch threads of an engine process not told how many: every CPU this process may use but
-    one, which the HTTP process keeps (measured on 2 cores: with both cores in the engine's
-    OpenMP pool, 32 concurrent streams took ~7x longer than with one)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cpus - 1)
+    """Torch threads of an engine process not told how many (started outside the CLI, which
+    chooses them by ``threads.choose_threads``): every CPU this process may use but one, which
+    the HTTP process keeps (measured on 2 cores: with both cores in the engine's OpenMP pool,
+    32 concurrent streams took ~7x longer than with one)."""
+    return default_threads(len(usable_cpus()), busy=None)
 
 
 def run_engine_core(model: str, engine_args: dict, conn) -> None:
