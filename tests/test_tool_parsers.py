@@ -123,8 +123,6 @@ def _request(**kw):
 
 
 @pytest.mark.parametrize("kw,param,words", [
-    ({"functions": [{"name": "f"}]}, "functions", "use"),
-    ({"function_call": "auto"}, "function_call", "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice", "needs 'tools'"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "missing"}}}, "tool_choice",
      "not in 'tools'"),

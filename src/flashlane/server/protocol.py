@@ -33,7 +33,6 @@ TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
 ONLY_ZERO = {"const": 0}
 ONLY_EMPTY_OBJECT = {"maxProperties": 0}
 ONLY_EMPTY_STRING = {"maxLength": 0}
-ONLY_NULL = {"type": "null"}
 
 
 class _Strict(BaseModel):
@@ -186,10 +185,6 @@ class ChatCompletionRequest(_Sampling, _ChatRefused):
         None, description="default: 'auto' with tools, 'none' without; 'required' and a named function are "
                           "decoded under a grammar, so the output is always a valid call")
     parallel_tool_calls: bool = Field(True, description="false: at most one call per answer")
-    functions: Any = Field(None, description="deprecated OpenAI API, refused: use 'tools'",
-                           json_schema_extra=ONLY_NULL)
-    function_call: Any = Field(None, description="deprecated OpenAI API, refused: use 'tool_choice'",
-                               json_schema_extra=ONLY_NULL)
 
 
 # ---- responses ---------------------------------------------------------------------------------

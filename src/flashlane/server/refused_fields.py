@@ -32,6 +32,8 @@ SAMPLING = {
     "guided_decoding_backend": (None, "use 'response_format'"),
 }
 CHAT = {
+    "functions": (None, "the deprecated API; use 'tools' ([{'type': 'function', 'function': {...}}])"),
+    "function_call": (None, "the deprecated API; use 'tools' and 'tool_choice'"),
     "audio": (None, "this server produces text only"),
     "modalities": (None, "this server produces text only"),
     "prediction": (None, "predicted outputs are not implemented"),

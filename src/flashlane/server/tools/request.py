@@ -63,13 +63,8 @@ class ToolPlan:
 
 
 def plan_tools(body) -> ToolPlan:
-    """The request's tool fields checked (400s naming the field), as a plan."""
-    if body.functions is not None:
-        raise bad_request("'functions' is deprecated and not supported: use 'tools' "
-                          "([{'type': 'function', 'function': {...}}])", "functions")
-    if body.function_call is not None:
-        raise bad_request("'function_call' is deprecated and not supported: use 'tools' and 'tool_choice'",
-                          "function_call")
+    """The request's tool fields checked (400s naming the field), as a plan. (``functions`` and
+    ``function_call``, the deprecated API, are refused with the other fields in ``refused_fields``.)"""
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
     if tools:
         _check_tools(tools)
