@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 
 def machine() -> dict:
-    from flashlane.kernels.cpu_caps import machine_info
+    from flashlane.machine import machine_info
 
     return machine_info()
 

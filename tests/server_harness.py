@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import socket
@@ -11,13 +12,46 @@ import time
 
 import httpx
 
-from flashlane.engine.async_engine import AsyncEngine
+from flashlane.engine.client import EngineClient
+from flashlane.engine.launch import engine_in_process, engine_in_thread
+from flashlane.presets import PRESETS
 from flashlane.server.app import create_app
 from flashlane.server.connections import ConnectionLimits, uvicorn_config
 from flashlane.server.shutdown import ShutdownDeadlineServer
 
 # small pools: every test server allocates its own cache
 ENGINE_ARGS = dict(dtype="float32", cache_memory=48 << 20, max_model_len=512)
+# an engine process gets one torch thread, as this process has (conftest.py); a death is final
+# unless a test builds its own engine with restarts
+PROCESS_ARGS = dict(num_threads=1, max_restarts=0)
+
+
+def engine_model(loaded) -> str:
+    """What an engine process loads to get the same model as ``loaded``: a preset by its name
+    (presets are checkpoints written once from a seed: every load gives the same weights), a
+    checkpoint by its path; a name or path is taken as it is."""
+    if loaded is None:
+        raise ValueError("no model to serve: give one, or engine=...")
+    if isinstance(loaded, (str, os.PathLike)):
+        return os.fspath(loaded)
+    if loaded.name in PRESETS:
+        return loaded.name
+    if getattr(loaded, "path", None) is not None:
+        return os.fspath(loaded.path)
+    raise ValueError(f"{loaded.name!r} exists only in this process: an engine process cannot load it "
+                     "(pass transport='thread')")
+
+
+def start_engine(loaded, transport: str = "process", **engine_args) -> EngineClient:
+    """An engine client for ``loaded`` with the test defaults (not started: the app starts it).
+    ``transport="process"``: an engine process loads the model itself, as `flashlane serve`
+    runs it; "thread": the engine runs in this process on ``loaded`` itself."""
+    args = {**ENGINE_ARGS, **engine_args}
+    if transport == "process":
+        return engine_in_process(engine_model(loaded), **{**PROCESS_ARGS, **args})
+    if transport == "thread":
+        return engine_in_thread(loaded, **args)
+    raise ValueError(f"transport must be 'process' or 'thread', got {transport!r}")
 
 
 def wait_healthy(proc, url: str, timeout: float = 300) -> None:
@@ -55,10 +89,14 @@ class LiveServer:
     def __init__(self, loaded, served_model_name: str = "tiny-flash", api_key: str | None = None,
                  max_queue: int | None = None, max_body_bytes: int | None = None, graceful_s: float = 5.0,
                  connection_limits: ConnectionLimits | None = None, max_seqs_per_request: int | None = None,
-                 engine=None, max_tokens_default: int | None = None, **engine_args):
-        """``engine``: an engine to serve (e.g. an EngineCoreClient); default: an AsyncEngine of ``loaded``.
-        ``graceful_s``: the shutdown deadline (`serve --shutdown-timeout`)."""
-        self.engine = engine if engine is not None else AsyncEngine(loaded, **{**ENGINE_ARGS, **engine_args})
+                 engine: EngineClient | None = None, max_tokens_default: int | None = None,
+                 transport: str = "process", **engine_args):
+        """``loaded``: the model (a loaded preset or checkpoint, or its name or path).
+        ``engine``: an engine client to serve instead (e.g. one that restarts its engine process).
+        ``transport``: where the engine runs, see ``start_engine``; "thread" is for the few tests
+        that reach into the engine object (``srv.engine.transport.engine``) or serve a model that
+        exists only in memory. ``graceful_s``: the shutdown deadline (`serve --shutdown-timeout`)."""
+        self.engine = engine if engine is not None else start_engine(loaded, transport, **engine_args)
         kw = {} if max_body_bytes is None else {"max_body_bytes": max_body_bytes}
         if max_seqs_per_request is not None:
             kw["max_seqs_per_request"] = max_seqs_per_request

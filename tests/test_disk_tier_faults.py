@@ -12,6 +12,7 @@ import os
 import shutil
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -61,14 +62,18 @@ def _engine(setup, root, **kwargs) -> LLM:
     return LLM(setup[0], dtype="float32", disk_cache_dir=str(root), **{**TIGHT, **kwargs})
 
 
-def _complete(llm: LLM, prompt: list[int]):
-    """One request to its end, failing (instead of hanging) if it never finishes."""
+def _complete(llm: LLM, prompt: list[int]) -> SimpleNamespace:
+    """One request to its end (its token ids and cached prompt tokens), failing (instead of
+    hanging) if it never finishes."""
     rid = f"fault-{next(_request_ids)}"
     llm.engine.add_request(rid, prompt, PARAMS)
+    ids = []
     for _ in range(MAX_STEPS):
-        for out in llm.engine.step():
-            if out.finished and out.request_id == rid:
-                return out
+        for delta in llm.engine.step():
+            if delta.request_id == rid:
+                ids += delta.token_ids
+                if delta.finished:
+                    return SimpleNamespace(token_ids=ids, num_cached_tokens=delta.num_cached_tokens)
     pytest.fail(f"request {rid} unfinished after {MAX_STEPS} engine steps: stuck on the disk tier")
 
 

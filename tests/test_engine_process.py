@@ -1,6 +1,7 @@
-"""The engine-core process (EngineCoreClient): same outputs as the in-process engine, a storm of
-clients loses nothing, and a killed engine process turns into 503s and an unhealthy /health
-instead of a hang."""
+"""A server whose engine runs in an engine process (what `flashlane serve` runs and LiveServer
+starts by default): the engine args reach the child, it serves the in-process engine's outputs,
+a storm of clients loses nothing, and a killed engine process turns into 503s and an unhealthy
+/health instead of a hang. Load errors are raised in the parent."""
 
 from __future__ import annotations
 
@@ -12,26 +13,25 @@ import time
 
 import httpx
 import pytest
+import torch
 
 from flashlane import LLM, SamplingParams
-from flashlane.engine.async_engine import EngineDeadError
-from flashlane.engine.core_client import EngineCoreClient
+from flashlane.engine.errors import EngineDeadError
+from flashlane.engine.launch import engine_in_process
+from flashlane.engine.process_transport import ProcessTransport
+from flashlane.models.registry import load_model
 
 from engine_models import preset
 from server_harness import ENGINE_ARGS, LiveServer, metric
 
 MODEL = "tiny-flash"
-CORE_ARGS = {**ENGINE_ARGS, "num_threads": 1}   # the child sets its own torch threads
 PROMPTS = [[5, 6, 7, 8, 9], [11, 12, 13], list(range(20, 60))]
-
-
-def _core() -> EngineCoreClient:
-    return EngineCoreClient(MODEL, **CORE_ARGS)
+MAX_NUM_SEQS = 8     # not the default: the child must have been told
 
 
 @pytest.fixture(scope="module")
 def server():
-    with LiveServer(None, MODEL, engine=_core()) as srv:
+    with LiveServer(preset(MODEL), MODEL, max_num_seqs=MAX_NUM_SEQS) as srv:
         yield srv
 
 
@@ -41,9 +41,26 @@ def _collect(engine, rid: str, prompt, params) -> list:
     return asyncio.run(run())
 
 
+def test_a_preset_loads_the_same_weights_every_time():
+    # what lets the engine process load a preset for a test that holds it loaded already
+    again = load_model(MODEL, dtype="float32")
+    held = preset(MODEL).model.state_dict()
+    fresh = again.model.state_dict()
+    assert held.keys() == fresh.keys()
+    assert all(torch.equal(held[k], fresh[k]) for k in held)
+
+
+def test_the_engine_args_reach_the_engine_process(server):
+    assert isinstance(server.engine.transport, ProcessTransport) and server.engine.transport.pid != os.getpid()
+    models = httpx.get(server.url + "/v1/models").json()["data"][0]
+    assert models["max_model_len"] == ENGINE_ARGS["max_model_len"]
+    assert models["flashlane"]["max_running"] == MAX_NUM_SEQS == server.engine.info.max_running
+    assert models["flashlane"]["dtype"] == "float32"
+
+
 def test_greedy_outputs_equal_the_in_process_engine(server):
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
-    ref = LLM(preset(MODEL), **ENGINE_ARGS).generate(PROMPTS, params)
+    ref = LLM(preset(MODEL), **ENGINE_ARGS, max_num_seqs=MAX_NUM_SEQS).generate(PROMPTS, params)
     with server.client() as c:
         for i, (prompt, want) in enumerate(zip(PROMPTS, ref)):
             r = c.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 12,
@@ -51,30 +68,15 @@ def test_greedy_outputs_equal_the_in_process_engine(server):
             assert r.status_code == 200, r.text
             assert r.json()["choices"][0]["text"] == want.text
             assert r.json()["usage"]["completion_tokens"] == 12
-    outs = _collect(server.engine, "direct", PROMPTS[0], params)   # the client itself, outside HTTP
-    assert outs[-1].token_ids == ref[0].token_ids and outs[-1].finished
-    assert "".join(o.delta_text for o in outs) == ref[0].text
 
 
 def test_engine_errors_come_back_as_the_same_400s(server):
     with server.client() as c:
         r = c.post("/v1/completions", json={"model": MODEL, "prompt": [1] * 600, "max_tokens": 2})
         assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
-    with pytest.raises(ValueError, match="maximum context"):   # the engine's own check, raised in the child
-        _collect(server.engine, "too-long", [1] * 600, SamplingParams(max_tokens=2))
-    models = httpx.get(server.url + "/v1/models").json()["data"][0]
-    assert models["max_model_len"] == 512 and models["flashlane"]["max_running"] == server.engine.info.max_running
+        assert r.json()["error"]["param"] == "prompt"
     steps = httpx.get(server.url + "/debug/steps", params={"limit": 2}).json()
     assert steps["total"] > 0 and len(steps["steps"]) <= 2
-
-
-def test_a_profiling_window_is_taken_in_the_engine_process(server, tmp_path):
-    asyncio.run(server.engine.start_profile())
-    _collect(server.engine, "profiled", PROMPTS[1], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
-    written = asyncio.run(server.engine.stop_profile(str(tmp_path)))
-    assert written["steps"] >= 4 and os.path.exists(written["trace"]) and os.path.exists(written["summary"])
-    with pytest.raises(RuntimeError, match="no profiling window"):   # the child's error, raised here
-        asyncio.run(server.engine.stop_profile(str(tmp_path)))
 
 
 def test_a_storm_of_clients_loses_nothing(server):
@@ -118,7 +120,7 @@ def _wait(predicate, timeout: float = 30.0) -> None:
 
 def test_a_killed_engine_process_gives_503s_and_an_unhealthy_health():
     long = {"model": MODEL, "max_tokens": 500, "temperature": 0, "ignore_eos": True}
-    with LiveServer(None, MODEL, engine=_core()) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
+    with LiveServer(preset(MODEL), MODEL) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
         assert c.get("/health").status_code == 200
 
         async def in_flight():
@@ -133,7 +135,7 @@ def test_a_killed_engine_process_gives_503s_and_an_unhealthy_health():
                         events.append(line)
                         if len(events) == 1:   # both requests are in the engine: kill it
                             await asyncio.to_thread(_wait, lambda: srv.gauge("flashlane:num_requests_running") == 2)
-                            os.kill(srv.engine.pid, signal.SIGKILL)
+                            os.kill(srv.engine.transport.pid, signal.SIGKILL)
                 return events, await blocking
 
         events, blocked = asyncio.run(in_flight())
@@ -152,35 +154,8 @@ def test_a_killed_engine_process_gives_503s_and_an_unhealthy_health():
 
 def test_load_errors_are_raised_in_the_parent():
     with pytest.raises(TypeError, match="loads the model itself"):
-        EngineCoreClient(preset(MODEL), **CORE_ARGS)
-    with pytest.raises(ValueError, match="max_num_batched_tokens"):
-        EngineCoreClient(MODEL, **{**CORE_ARGS, "max_num_batched_tokens": 1})
-
-
-def _fields(out) -> dict:
-    m = out.metrics
-    return {**{k: v for k, v in vars(out).items() if k != "metrics"},
-            "metrics": (m.arrival_time, m.first_scheduled_time, m.first_token_time, list(m.token_times),
-                        m.finish_time, m.num_preemptions)}
-
-
-def test_output_deltas_rebuild_every_cumulative_output():
-    import pickle
-
-    from flashlane.engine.llm_engine import LLMEngine
-    from flashlane.engine.output_deltas import DeltaDecoder, DeltaEncoder
-
-    engine = LLMEngine(preset(MODEL), **ENGINE_ARGS)
-    engine.add_request("lp", [5, 6, 7, 8], SamplingParams(max_tokens=6, temperature=0, logprobs=2, prompt_logprobs=1))
-    engine.add_request("one", [9, 10], SamplingParams(max_tokens=1, temperature=0))
-    engine.add_request("cut", [11, 12, 13], SamplingParams(max_tokens=50, temperature=0, ignore_eos=True))
-    encoder, decoder, seen = DeltaEncoder(), DeltaDecoder(), 0
-    while engine.has_unfinished():
-        outs = engine.step()
-        if seen >= 4 and "cut" in engine.requests:
-            outs.append(engine.abort("cut"))
-        for out in outs:
-            rebuilt = decoder.decode(pickle.loads(pickle.dumps(encoder.encode(out))))
-            assert _fields(rebuilt) == _fields(out)
-            seen += 1
-    assert not encoder._sent and not decoder._streams   # nothing kept for finished requests
+        engine_in_process(preset(MODEL), **ENGINE_ARGS)
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):   # raised in the child, as it raised it
+        engine_in_process(MODEL, **{**ENGINE_ARGS, "num_threads": 1, "max_num_batched_tokens": 0})
+    with pytest.raises(TypeError, match="unknown engine argument"):
+        engine_in_process(MODEL, **ENGINE_ARGS, not_an_arg=1)

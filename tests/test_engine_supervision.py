@@ -1,7 +1,9 @@
-"""Engine-core supervision (EngineCoreSupervisor): a killed engine process is logged with its
-cause and started again after a backoff, /health says "restarting" meanwhile and 503s carry
-Retry-After; once the restart limit is spent it stays dead and /health says "error". The
-death-cause wording, the child's crash report and the restart policy are checked directly."""
+"""Engine-process supervision (the process transport): a killed engine process is logged with its
+cause and started again after a backoff, /health says "restarting" meanwhile, 503s carry
+Retry-After and the client refuses with EngineDeadError; a profiling window open in the dead
+process cannot be closed in the new one; once the restart limit is spent it stays dead and
+/health says "error". The death-cause wording, the child's crash report and the restart policy
+are checked directly."""
 
 from __future__ import annotations
 
@@ -17,9 +19,11 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
+from flashlane import SamplingParams
 from flashlane.engine import core_process
-from flashlane.engine.async_engine import AsyncEngine
-from flashlane.engine.core_supervisor import EngineCoreSupervisor
+from flashlane.engine.errors import EngineDeadError
+from flashlane.engine.launch import engine_in_process, engine_in_thread
+from flashlane.engine.messages import EngineDied, Ready
 from flashlane.engine.process_exit import death_report, describe_exit
 from flashlane.engine.restart_policy import RestartPolicy
 from flashlane.server.app import create_app
@@ -57,7 +61,7 @@ def _kill_with_two_requests_in_flight(srv) -> tuple[list[str], httpx.Response]:
                         if len(events) == 1:
                             await asyncio.to_thread(_until, "both requests running",
                                                     lambda: srv.gauge("flashlane:num_requests_running") == 2)
-                            os.kill(srv.engine.pid, signal.SIGKILL)
+                            os.kill(srv.engine.transport.pid, signal.SIGKILL)
             return events, await blocking
 
     return asyncio.run(run())
@@ -74,9 +78,11 @@ def _assert_unavailable(r: httpx.Response, retry_after: bool) -> None:
 
 def test_a_killed_engine_process_is_restarted_then_given_up_on_past_the_limit(caplog, tmp_path):
     caplog.set_level(logging.WARNING, logger="flashlane.engine")
-    engine = EngineCoreSupervisor(MODEL, max_restarts=1, restart_backoff=2.0, **CORE_ARGS)
+    engine = engine_in_process(MODEL, max_restarts=1, restart_backoff=2.0, **CORE_ARGS)
+    transport = engine.transport
     with LiveServer(None, MODEL, engine=engine) as srv, httpx.Client(base_url=srv.url, timeout=120) as c:
-        first_pid = engine.pid
+        first_pid = transport.pid
+        asyncio.run(engine.start_profile())   # a window open in the engine process that will die
         before = c.post("/v1/completions", json=GREEDY)
         assert before.status_code == 200, before.text
         m = srv.metrics()
@@ -94,6 +100,11 @@ def test_a_killed_engine_process_is_restarted_then_given_up_on_past_the_limit(ca
         assert "killed by SIGKILL" in health.json()["error"] and int(health.headers["retry-after"]) >= 1
         _assert_unavailable(c.post("/v1/completions", json=GREEDY), retry_after=True)
         _assert_unavailable(c.get("/debug/steps"), retry_after=True)
+        assert engine.state == "restarting" and not engine.alive and engine.retry_after >= 1
+        with pytest.raises(EngineDeadError):   # the client itself refuses at once, it does not queue
+            asyncio.run(_drain(engine.generate("meanwhile", GREEDY["prompt"], SamplingParams(max_tokens=2))))
+        snap = asyncio.run(engine.stats_snapshot())
+        assert snap["engine_state"] == "restarting" and snap["engine_restarts"] == 0
         m = srv.metrics()
         assert metric(m, "flashlane:engine_state", state="restarting") == 1
         assert metric(m, "flashlane:engine_state", state="running") == 0
@@ -109,7 +120,9 @@ def test_a_killed_engine_process_is_restarted_then_given_up_on_past_the_limit(ca
 
         _until("/health 200 after the restart", serving_again)
         assert seen == {"restarting", "ok"}
-        assert engine.pid != first_pid
+        assert transport.pid != first_pid and transport.generation == 1 and engine.retry_after is None
+        with pytest.raises(EngineDeadError, match="profiling window was open in died"):
+            asyncio.run(engine.stop_profile(str(tmp_path)))
         after = c.post("/v1/completions", json=GREEDY)
         assert after.status_code == 200, after.text
         assert after.json()["choices"][0]["text"] == before.json()["choices"][0]["text"]
@@ -122,7 +135,7 @@ def test_a_killed_engine_process_is_restarted_then_given_up_on_past_the_limit(ca
         assert "the engine process is serving again" in logged
 
         # a second death spends the limit of 1: it stays dead
-        os.kill(engine.pid, signal.SIGKILL)
+        os.kill(transport.pid, signal.SIGKILL)
         _until("/health to report the second death", lambda: c.get("/health").status_code == 503)
         health = c.get("/health")
         assert health.json()["status"] == "error" and "killed by SIGKILL" in health.json()["error"]
@@ -136,7 +149,13 @@ def test_a_killed_engine_process_is_restarted_then_given_up_on_past_the_limit(ca
         _until("the give-up to be logged", lambda: "not restarting the engine process" in caplog.text)
         profiling = TestClient(create_app(engine, MODEL, profile_dir=str(tmp_path)))   # no lifespan: same engine
         _assert_unavailable(profiling.post("/start_profile"), retry_after=False)
-        assert engine.state == "dead" and engine.restarts == 1
+        assert engine.state == "dead" and transport.restarts == 1 and engine.retry_after is None
+        assert asyncio.run(engine.stats_snapshot())["engine_restarts"] == 1
+
+
+async def _drain(outs) -> None:
+    async for _ in outs:
+        pass
 
 
 def _crashing_engine_class():
@@ -167,9 +186,11 @@ def test_a_crashed_step_reports_its_traceback_to_the_parent(monkeypatch):
             core_process.run_engine_core(MODEL, {"num_threads": 1}, child)
     finally:
         signal.signal(signal.SIGINT, sigint)
-    assert parent.recv()[0] == "ready"
-    kind, message, tb = parent.recv()
-    assert kind == "dead" and message == "engine step failed: RuntimeError('boom in a step')"
+    assert isinstance(parent.recv(), Ready)
+    died = parent.recv()
+    assert isinstance(died, EngineDied)
+    message, tb = died.message, died.traceback
+    assert message == "engine step failed: RuntimeError('boom in a step')"
     assert tb.startswith("Traceback (most recent call last):") and "in step" in tb
     assert tb.rstrip().endswith("RuntimeError: boom in a step")
     report = death_report(message, 1, tb)
@@ -203,7 +224,7 @@ def test_restarts_back_off_exponentially_up_to_a_cap_and_stop_at_the_limit():
 
 
 def test_the_in_thread_engine_reports_running_then_dead():
-    engine = AsyncEngine(preset(MODEL), **ENGINE_ARGS)
+    engine = engine_in_thread(preset(MODEL), **ENGINE_ARGS)
     with LiveServer(None, MODEL, engine=engine) as srv:
         assert engine.state == "running" and httpx.get(srv.url + "/health").json() == {"status": "ok"}
     assert engine.state == "dead"

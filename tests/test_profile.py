@@ -11,10 +11,10 @@ from fastapi.testclient import TestClient
 
 from engine_models import preset
 from flashlane.cli.main import main
-from flashlane.engine.async_engine import AsyncEngine
 from flashlane.engine.profiling import StepProfiler, breakdown, per_unit
-from flashlane.kernels.profiling import profiling_enabled, profiling_range
 from flashlane.server.app import create_app
+from flashlane.trace_ranges import profiling_enabled, profiling_range
+from server_harness import start_engine
 
 ENGINE_ARGS = dict(dtype="float32", cache_memory=32 << 20, max_model_len=256)
 
@@ -93,8 +93,8 @@ def test_profile_cli_refuses_a_context_beyond_the_model_length(tmp_path, capsys)
     assert "flashlane profile: error: context 300" in capsys.readouterr().err
 
 
-def _client(profile_dir=None) -> TestClient:
-    engine = AsyncEngine(preset("tiny-flash"), **ENGINE_ARGS)
+def _client(profile_dir=None, transport: str = "process") -> TestClient:
+    engine = start_engine(preset("tiny-flash"), transport, **ENGINE_ARGS)
     return TestClient(create_app(engine, "tiny-flash", profile_dir=profile_dir))
 
 
@@ -104,7 +104,7 @@ def _complete(client: TestClient) -> None:
     assert r.status_code == 200, r.text
 
 
-def test_live_window_traces_the_engine_thread(tmp_path):
+def test_live_window_traces_the_engine_process(tmp_path):
     with _client(str(tmp_path)) as client:
         assert client.post("/stop_profile").status_code == 409
         r = client.post("/start_profile")
@@ -119,12 +119,11 @@ def test_live_window_traces_the_engine_thread(tmp_path):
         assert {"engine_step", "model_forward", "kda", "dsa_attention", "mhc", "sampling"} <= _trace_names(body["trace"])
         summary = json.loads(open(body["summary"]).read())
         assert summary["categories"]["kda"]["calls"] > 0
-        assert not profiling_enabled()
         _complete(client)   # serving goes on after the window
 
 
 def test_profile_endpoints_are_off_without_profile_dir():
-    with _client() as client:
+    with _client(transport="thread") as client:   # answered before the engine is asked: no process needed
         for path in ("/start_profile", "/stop_profile"):
             r = client.post(path)
             assert r.status_code == 404

@@ -6,6 +6,7 @@ from flashlane.cache_spec import cache_spec
 from flashlane.config import parse_config
 from flashlane.engine.cache.manager import CacheManager, plan_cache
 from flashlane.engine.request import Request
+from flashlane.engine.runner import SeqResult
 from flashlane.engine.sampling_params import SamplingParams
 from flashlane.engine.scheduler import Scheduler
 import torch
@@ -88,4 +89,27 @@ def test_preemption_requeues_at_front_and_frees():
         if out.preempted:
             break
     assert out.preempted == [b] and s.waiting[0] is b
-    assert b.pages == [] and b.num_computed_tokens == 0 and b.metrics.num_preemptions == 1
+    assert s.cache.block_table(b) == [] and b.num_computed_tokens == 0 and b.metrics.num_preemptions == 1
+
+
+def test_a_finished_request_id_comes_back_with_a_fresh_holding():
+    """The cache forgets what a finished request held: the same id with other tokens gets no hit
+    from the first request's pages."""
+    spec = cache_spec(CFG, 16)
+    plan = plan_cache(spec, torch.float32, 10**7, 8, num_pages=64)
+    s = Scheduler(CacheManager(spec, plan, torch.float32, prefix_caching=True), 8, 256, 64)
+    first = Request("r", list(range(3, 43)), SamplingParams(max_tokens=8))
+    s.add(first)
+    out = s.schedule(now=0.0)
+    s.update_from_output(out, [SeqResult() for _ in out.seqs], 0.0)   # registers its 2 full pages
+    s.remove(first)
+    assert s.cache.block_table(first) == [] and s.cache.pages.num_used == 0
+
+    again = Request("r", list(range(103, 143)), SamplingParams(max_tokens=8))
+    s.add(again)
+    s.schedule(now=0.0)
+    assert again.num_computed_tokens == 0 and again.num_cached_tokens == 0
+    same = Request("q", list(range(3, 43)), SamplingParams(max_tokens=8))   # the first one's tokens do hit
+    s.add(same)
+    s.schedule(now=0.0)
+    assert same.num_computed_tokens == 32 and same.num_cached_tokens == 32

@@ -9,7 +9,6 @@ import json
 import pytest
 
 from flashlane import LLM
-from flashlane.engine.core_client import EngineCoreClient
 
 from engine_models import preset
 from server_harness import ENGINE_ARGS, LiveServer
@@ -171,10 +170,11 @@ def test_bad_echo_requests_are_400s_naming_the_field(client, body, param):
     assert r.json()["error"]["param"] == param
 
 
-def test_the_engine_process_also_scores_cached_prompts_in_full(loaded, score):
+def test_the_engine_thread_also_scores_cached_prompts_in_full(loaded, score):
+    """The module's server runs its engine in a process of its own (the default); this one on a
+    thread of the server process."""
     ids = _ids(loaded, TEXT)
-    core = EngineCoreClient(MODEL, **{**ENGINE_ARGS, "num_threads": 1})
-    with LiveServer(None, MODEL, engine=core) as srv, srv.client() as c:
+    with LiveServer(loaded, MODEL, transport="thread") as srv, srv.client() as c:
         for _ in range(2):
             resp = _post(c, prompt=ids, **{**LM_EVAL, "max_tokens": 0}, prompt_logprobs=0)
             lp = resp["choices"][0]["logprobs"]

@@ -3,11 +3,16 @@ serving; the API key guards everything but /health; oversized bodies get 413."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
 
 from engine_models import preset
+from flashlane.engine.request_check import CONTEXT_EXCEEDED, InvalidRequest
+from flashlane.server.errors import APIError
+from flashlane.server.serving import engine_errors, stream_error
 from server_harness import LiveServer, metric
 
 MODEL = "tiny-flash"
@@ -141,6 +146,20 @@ def test_max_tokens_beyond_context_is_refused_not_capped(server):
                    timeout=60)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
     assert r.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_refusal_by_the_engine_itself_keeps_its_param_and_code():
+    """What the engine refuses at add time (past the server's own checks) is the same 400, before
+    the 200 (engine_errors) and in a stream after it (stream_error)."""
+    refusal = InvalidRequest("the prompt has 9 tokens; ...", "prompt", CONTEXT_EXCEEDED)
+    with pytest.raises(APIError) as e, engine_errors():
+        raise refusal
+    assert (e.value.status, e.value.message, e.value.param, e.value.code) == (400, refusal.message, "prompt",
+                                                                              CONTEXT_EXCEEDED)
+    event, done = stream_error(refusal).split("\n\n")[:2]
+    assert json.loads(event.removeprefix("data: "))["error"] == {
+        "message": refusal.message, "type": "invalid_request_error", "param": "prompt", "code": CONTEXT_EXCEEDED}
+    assert done == "data: [DONE]"
 
 
 def test_chunked_oversized_body_is_413(server):

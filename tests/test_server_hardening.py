@@ -34,7 +34,7 @@ import pytest
 
 from flashlane.server.body_limits import chars_per_token
 from flashlane.server.connections import ConnectionLimits, RateLimitFilter, rate_limit_noisy_logs
-from flashlane.server.context import ServerContext
+from flashlane.server.handler_context import ServerContext
 
 from engine_models import ByteTokenizer, preset
 from server_harness import LiveServer, free_port

@@ -16,9 +16,11 @@ import time
 import httpx
 import pytest
 
-from flashlane.engine.core_client import EngineCoreClient
-from flashlane.engine.outputs import RequestOutput
-from flashlane.server.context import ServerContext
+from flashlane.engine.client import EngineClient
+from flashlane.engine.messages import AbortRequests, AddRequests, Call, Reply, StepOutputs
+from flashlane.engine.outputs import RequestDelta, RequestOutput
+from flashlane.engine.sampling_params import SamplingParams
+from flashlane.server import request_params
 
 from engine_models import preset
 from server_harness import ENGINE_ARGS, LiveServer
@@ -31,13 +33,13 @@ PADDING = "u" * (200 << 10)   # an ignored field that makes the body large (pars
 
 @pytest.fixture(scope="module")
 def server():
-    with LiveServer(preset(MODEL), MODEL) as srv:
+    with LiveServer(preset(MODEL), MODEL, transport="thread") as srv:
         yield srv
 
 
 @pytest.fixture(scope="module")
 def core_server():
-    with LiveServer(None, MODEL, engine=EngineCoreClient(MODEL, **ENGINE_ARGS, num_threads=1)) as srv:
+    with LiveServer(preset(MODEL), MODEL, transport="process") as srv:
         yield srv
 
 
@@ -91,9 +93,9 @@ def test_many_sequences_are_submitted_in_one_batched_engine_call(server, monkeyp
 
 def test_token_ids_of_a_large_batch_are_checked_off_the_event_loop(server, monkeypatch):
     where = []
-    real = ServerContext._checked_ids
-    monkeypatch.setattr(ServerContext, "_checked_ids",
-                        lambda self, ids, param: where.append(_on_event_loop()) or real(self, ids, param))
+    real = request_params.check_prompt_ids
+    monkeypatch.setattr(request_params, "check_prompt_ids",
+                        lambda ids, *args: where.append(_on_event_loop()) or real(ids, *args))
     prompts = _prompts(200, 400)   # 80,000 ids; the last one outside the vocabulary, so nothing runs
     prompts[-1][-1] = server.engine.info.vocab_size
     r = _post(server, {"model": MODEL, "prompt": prompts, "max_tokens": 1})
@@ -137,28 +139,25 @@ def test_large_batches_refused_by_the_model_keep_their_messages(server):
     assert r.status_code == small.status_code == 400 and r.json() == small.json()
 
 
-def test_sequences_go_to_the_engine_process_in_one_message_and_are_aborted_in_one(core_server):
-    client = core_server.engine
+def test_sequences_go_to_the_engine_process_in_one_message_and_are_aborted_in_one(core_server, monkeypatch):
+    transport = core_server.engine.transport
     sent = []
-    real_put = client._outbox.put
-    client._outbox.put = lambda msg: sent.append(msg) or real_put(msg)
-    try:
-        body = {"model": MODEL, "prompt": _prompts(20, 30), "max_tokens": MAX_LEN - 40, "ignore_eos": True,
-                "stream": True, "user": PADDING}
-        with httpx.Client(base_url=core_server.url, timeout=120) as c:
-            with c.stream("POST", CMPL, json=body) as r:
-                assert r.status_code == 200
-                next(r.iter_lines())   # the first event: every sequence was submitted
-        deadline = time.monotonic() + 60
-        while not any(m and m[0] == "abort_many" for m in sent) and time.monotonic() < deadline:
-            time.sleep(0.05)
-    finally:
-        client._outbox.put = real_put
-    kinds = [m[0] if m[0] != "call" else m[2] for m in sent if m]
-    assert kinds.count("add_many") == 1 and "add" not in kinds
-    assert kinds.count("abort_many") == 1 and "abort" not in kinds
-    aborted = next(m for m in sent if m and m[0] == "abort_many")[1]
-    assert 0 < len(aborted) <= 20
+    real_send = transport.send
+    monkeypatch.setattr(transport, "send", lambda msg: sent.append(msg) or real_send(msg))
+    body = {"model": MODEL, "prompt": _prompts(20, 30), "max_tokens": MAX_LEN - 40, "ignore_eos": True,
+            "stream": True, "user": PADDING}
+    with httpx.Client(base_url=core_server.url, timeout=120) as c:
+        with c.stream("POST", CMPL, json=body) as r:
+            assert r.status_code == 200
+            next(r.iter_lines())   # the first event: every sequence was submitted
+    deadline = time.monotonic() + 60
+    while not any(isinstance(m, AbortRequests) for m in sent) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    monkeypatch.undo()
+    adds = [m.command for m in sent if isinstance(m, Call) and isinstance(m.command, AddRequests)]
+    aborts = [m for m in sent if isinstance(m, AbortRequests)]
+    assert len(adds) == 1 and len(adds[0].requests) == 20
+    assert len(aborts) == 1 and 0 < len(aborts[0].request_ids) <= 20
     core_server.wait_idle()
 
 
@@ -174,7 +173,7 @@ def test_an_aborted_batch_leaves_nothing_of_it_alive_in_the_engine_thread(server
         with c.stream("POST", CMPL, json=body) as r:
             assert r.status_code == 200
             rid = json.loads(next(line for line in r.iter_lines() if line.startswith("data: "))[6:])["id"]
-    engine = server.engine.engine
+    engine = server.engine.transport.engine
     deadline = time.monotonic() + 60
     while any(k.startswith(rid) for k in list(engine.requests)):
         assert time.monotonic() < deadline, "the dropped stream's sequences were not aborted"
@@ -185,14 +184,32 @@ def test_an_aborted_batch_leaves_nothing_of_it_alive_in_the_engine_thread(server
     assert not kept, f"{len(kept)} aborted outputs still alive"
 
 
+class _InstantTransport:
+    """An engine that finishes every request it is given at once, all of them in one step."""
+
+    info, tokenizer, restarts, generation, retry_after = None, None, 0, 0, None
+    alive, state, error = True, "running", None
+
+    def start(self, on_message, on_death) -> None:
+        self.on_message = on_message
+
+    def send(self, msg) -> None:
+        if isinstance(msg, Call):
+            self.on_message(Reply(msg.call_id))
+            if isinstance(msg.command, AddRequests):
+                self.on_message(StepOutputs([RequestDelta(r.request_id, [2], None, time.monotonic(), "length")
+                                             for r in msg.command.requests]))
+
+    def shutdown(self, timeout: float) -> None:
+        pass
+
+
 def test_merged_outputs_let_the_event_loop_run_while_many_are_handed_on():
-    from flashlane.engine.serving_engine import merged_outputs
+    client = EngineClient(_InstantTransport())
+    client.start()
 
     async def run() -> tuple[int, int]:
-        q: asyncio.Queue = asyncio.Queue()
-        index = {f"r{i}": i for i in range(1000)}
-        for rid in index:
-            q.put_nowait(RequestOutput(rid, [1], "", [2], finished=True, finish_reason="length"))
+        requests = [(f"r{i}", [1], SamplingParams(max_tokens=1)) for i in range(1000)]
         ticks = 0
         stop = threading.Event()
 
@@ -203,10 +220,10 @@ def test_merged_outputs_let_the_event_loop_run_while_many_are_handed_on():
                 await asyncio.sleep(0)
 
         beat = asyncio.create_task(heartbeat())
-        await asyncio.sleep(0)
-        ticks = 0
         seen = 0
-        async for _ in merged_outputs(q, dict.fromkeys(index), index, lambda rids: None):
+        async for _ in client.generate_many(requests):
+            if seen == 0:   # every output is queued by now: only the merge itself may let the loop run
+                ticks = 0
             seen += 1
         during = ticks
         stop.set()

@@ -29,7 +29,7 @@ def loaded():
 
 @pytest.fixture(scope="module")
 def server(loaded):
-    with LiveServer(loaded, MODEL) as srv:
+    with LiveServer(loaded, MODEL, transport="thread") as srv:   # tests read the engine's step stats
         yield srv
 
 
@@ -69,7 +69,7 @@ def test_64_concurrent_streams_match_llm_generate(server, loaded):
     results = asyncio.run(all_of_them())
     assert [r[0] for r in results] == [o.text for o in ref]
     assert all(r[1] == "length" and r[2] == 8 for r in results)
-    steps = server.engine.engine.step_stats
+    steps = server.engine.transport.engine.step_stats
     assert max(s.num_seqs for s in steps) > 8  # they really shared steps
     server.wait_idle()
 
@@ -124,7 +124,7 @@ def test_clients_closing_mid_request_free_everything(server):
     assert metric(after, "flashlane:cache_pages_used") == 0
     assert metric(after, "flashlane:state_slots_used") == 0
     assert server.app.state.ctx.admission.in_flight == 0
-    assert not server.engine.engine.requests
+    assert not server.engine.transport.engine.requests
     _ok(server)
 
 
@@ -183,8 +183,8 @@ def _drain(r) -> list[str]:
 
 
 def test_shutdown_drains_short_requests_and_fails_long_ones(loaded):
-    srv = LiveServer(loaded, MODEL, graceful_s=3.0)
-    real_run = srv.engine.engine.runner.run
+    srv = LiveServer(loaded, MODEL, graceful_s=3.0, transport="thread")
+    real_run = srv.engine.transport.engine.runner.run
 
     def paced_run(sched):
         # >= 20 ms a step on any machine: the long request's 400 steps (>= 8 s) cannot finish in
@@ -192,7 +192,7 @@ def test_shutdown_drains_short_requests_and_fails_long_ones(loaded):
         time.sleep(0.02)
         return real_run(sched)
 
-    srv.engine.engine.runner.run = paced_run
+    srv.engine.transport.engine.runner.run = paced_run
     with srv:
         c1, short = _open_stream(srv.url, {"model": MODEL, "prompt": "quick one", "max_tokens": 4,
                                            "temperature": 0, "ignore_eos": True})
@@ -211,15 +211,15 @@ def test_shutdown_drains_short_requests_and_fails_long_ones(loaded):
     assert long_lines[-1] == "data: [DONE]"
     assert json.loads(long_lines[-2][len("data: "):])["error"]["code"] == "service_unavailable"
     assert not srv.engine.alive
-    assert not srv.engine.engine.requests
-    usage = srv.engine.engine.cache.usage()
+    assert not srv.engine.transport.engine.requests
+    usage = srv.engine.transport.engine.cache.usage()
     assert usage["pages_used"] == 0 and usage["slots_used"] == 0
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the engine thread dies
 def test_engine_failure_is_503_not_a_hang(loaded):
-    with LiveServer(loaded, MODEL) as srv:
-        real_run = srv.engine.engine.runner.run
+    with LiveServer(loaded, MODEL, transport="thread") as srv:
+        real_run = srv.engine.transport.engine.runner.run
         calls = {"n": 0}
 
         def failing_run(sched):
@@ -228,7 +228,7 @@ def test_engine_failure_is_503_not_a_hang(loaded):
                 raise RuntimeError("injected step failure")
             return real_run(sched)
 
-        srv.engine.engine.runner.run = failing_run
+        srv.engine.transport.engine.runner.run = failing_run
         with httpx.Client(timeout=60) as c:
             with c.stream("POST", srv.url + "/v1/completions",
                           json={"model": MODEL, "prompt": "doomed", "stream": True, **LONG}) as r:

@@ -215,5 +215,5 @@ def test_metrics_count_requests_tokens_and_latency(client, server, loaded):
     assert delta("flashlane:e2e_request_latency_seconds_count") == 1
     assert delta("flashlane:http_requests_total", status="200") >= 1
     assert metric(after, "flashlane:cache_pages_free") > 0
-    assert metric(after, "flashlane:state_slots_free") == server.engine.engine.startup["num_state_slots"]
+    assert metric(after, "flashlane:state_slots_free") == server.engine.info.num_state_slots
     assert metric(after, "flashlane:num_preemptions_total") == 0

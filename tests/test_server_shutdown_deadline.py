@@ -109,13 +109,13 @@ def _check_answers(flight: InFlight) -> None:
 
 def _paced(srv: LiveServer) -> None:
     """>= 20 ms a step: 400 steps cannot finish within a 1 s deadline on any machine."""
-    real_run = srv.engine.engine.runner.run
+    real_run = srv.engine.transport.engine.runner.run
 
     def paced_run(sched):
         time.sleep(0.02)
         return real_run(sched)
 
-    srv.engine.engine.runner.run = paced_run
+    srv.engine.transport.engine.runner.run = paced_run
 
 
 class Records(logging.Handler):
@@ -154,7 +154,7 @@ def _check_logs(records: Records) -> None:
 
 def _stop_with_requests_in_flight(loaded, path: str = "/v1/completions", abort_reaches_nobody: bool = False):
     """Stop a server (1 s deadline) while requests run; their answers and the log are checked."""
-    srv = LiveServer(loaded, MODEL, graceful_s=1.0)
+    srv = LiveServer(loaded, MODEL, graceful_s=1.0, transport="thread")   # paced: its runner is patched
     _paced(srv)
     if abort_reaches_nobody:  # the abort at the deadline does nothing: uvicorn cancels the handlers
         srv.engine.abort_all = lambda: None
@@ -172,7 +172,7 @@ def _stop_with_requests_in_flight(loaded, path: str = "/v1/completions", abort_r
 @pytest.mark.parametrize("path", sorted(BODIES))
 def test_at_the_deadline_requests_are_aborted_and_answered_503(loaded, path):
     srv = _stop_with_requests_in_flight(loaded, path)
-    assert not srv.engine.engine.requests
+    assert not srv.engine.transport.engine.requests
 
 
 def test_a_handler_still_running_after_the_grace_is_answered_by_the_middleware(loaded):

@@ -8,7 +8,7 @@ import pytest
 
 from engine_models import preset
 from flashlane.cli.main import main
-from flashlane.engine.async_engine import AsyncEngine
+from flashlane.engine.launch import engine_in_thread
 from flashlane.server.app import create_app
 from server_harness import ENGINE_ARGS, LiveServer
 
@@ -171,9 +171,9 @@ def test_serve_refuses_a_max_tokens_default_below_one_naming_the_flag(capsys, va
 
 
 def test_create_app_refuses_a_max_tokens_default_below_one(loaded):
-    engine = AsyncEngine(loaded, **ENGINE_ARGS)
+    engine = engine_in_thread(loaded, **ENGINE_ARGS)
     try:
         with pytest.raises(ValueError, match="max_tokens_default must be >= 1"):
             create_app(engine, MODEL, max_tokens_default=0)
     finally:
-        engine.engine.close()
+        engine.shutdown()

@@ -1,45 +1,43 @@
 """What a stream sends must add up to the final text, also when a stop string spans several
-tokens (the engine holds back a tail that may still become a stop string)."""
+tokens (the client holds back a tail that may still become a stop string): the server's
+streams are the engine client's DELTA outputs."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+
 from flashlane import LLM, SamplingParams
-from flashlane.engine.llm_engine import LLMEngine
-from flashlane.engine.stop_checker import stop_prefix_len
+from flashlane.engine.launch import engine_in_thread
+from flashlane.engine.sampling_params import OutputKind
 
 from engine_models import tiny_llama
 
-
-def _stream(engine: LLMEngine, prompt, params) -> tuple[str, object]:
-    engine.add_request("r", prompt, params)
-    deltas, last = [], None
-    while engine.has_unfinished():
-        for out in engine.step():
-            deltas.append(out.delta_text)
-            assert out.text == "".join(deltas)  # cumulative text never runs ahead of the deltas
-            last = out
-    return "".join(deltas), last
-
-
-def test_stop_prefix_len():
-    assert stop_prefix_len("hello wo", 0, ["world"]) == 2
-    assert stop_prefix_len("hello wo", 7, ["world"]) == 0  # only text from `start` on counts
-    assert stop_prefix_len("hello w", 6, ["world"]) == 1
-    assert stop_prefix_len("hello", 0, ["xyz", "lo!"]) == 2
-    assert stop_prefix_len("hello", 0, ["q"]) == 0
+ARGS = dict(dtype="float32", cache_memory=8 << 20)
 
 
 def test_streamed_deltas_equal_final_text_for_every_stop():
-    m = tiny_llama()
     prompt = [65, 66, 67, 68, 69, 70, 71]
-    llm = LLM(m, dtype="float32", cache_memory=8 << 20)
     greedy = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-    ref = llm.generate([prompt], greedy)[0].text
+    ref = LLM(tiny_llama(), **ARGS).generate([prompt], greedy)[0].text
     assert len(ref) >= 8
-    engine = llm.engine
     stops = {ref[i:i + k] for k in (2, 3, 5) for i in range(0, len(ref) - k, 3)} | {"no such stop"}
-    for stop in sorted(stops):
-        text, last = _stream(engine, prompt, SamplingParams(**{**vars(greedy), "stop": [stop]}))
-        want = ref[:ref.find(stop)] if stop in ref else ref
-        assert text == want == last.text, stop
-        assert last.finish_reason == ("stop" if stop in ref else "length")
+    client = engine_in_thread(tiny_llama(), **ARGS)   # the model exists only in this process
+    client.start()
+
+    async def stream(rid: str, stop: str) -> tuple[list, list]:
+        params = dataclasses.replace(greedy, stop=[stop])
+        deltas = [o async for o in client.generate(rid, prompt, dataclasses.replace(params, output_kind=OutputKind.DELTA))]
+        final = [o async for o in client.generate(rid + "-final", prompt,
+                                                  dataclasses.replace(params, output_kind=OutputKind.FINAL_ONLY))]
+        return deltas, final
+
+    try:
+        for i, stop in enumerate(sorted(stops)):
+            deltas, (final,) = asyncio.run(stream(f"r{i}", stop))
+            want = ref[:ref.find(stop)] if stop in ref else ref
+            assert "".join(o.text for o in deltas) == want == final.text, stop
+            assert deltas[-1].finish_reason == final.finish_reason == ("stop" if stop in ref else "length")
+            assert deltas[-1].stop_reason == final.stop_reason == (stop if stop in ref else None)
+    finally:
+        client.shutdown()

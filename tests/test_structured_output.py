@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from flashlane import LLM, SamplingParams
-from flashlane.engine.core_client import EngineCoreClient
+from flashlane.engine.launch import engine_in_process
 from flashlane.engine.sampling_params import StructuredOutput
 from flashlane.engine.structured_output import Grammars
 
@@ -171,7 +171,7 @@ def test_server_bad_response_format_is_a_400(server, fmt, why):
 
 def test_engine_core_process(llm):
     ref = llm.generate(["Hello"], constrained(temperature=0))[0]
-    core = EngineCoreClient(MODEL, **ENGINE_ARGS, num_threads=1)
+    core = engine_in_process(MODEL, **ENGINE_ARGS, num_threads=1)
     core.start()
 
     async def collect(rid, params):

@@ -180,15 +180,21 @@ def test_bad_history_arguments_are_a_400():
     assert e.value.param == "messages.0.tool_calls.0.function.arguments"
 
 
-def _outputs(pieces: list[str], reason: str = "stop"):
+def _deltas(pieces: list[str], reason: str = "stop"):
+    """A stream's outputs (OutputKind.DELTA): one token and its piece of text each."""
     from flashlane.engine.outputs import RequestOutput
 
-    text = ""
     for i, piece in enumerate(pieces):
-        text += piece
         last = i == len(pieces) - 1
-        yield RequestOutput("r", [1], text, list(range(i + 1)), last, reason if last else None,
-                            delta_text=piece, delta_token_ids=[i])
+        yield RequestOutput("r", [1], piece, [i], last, reason if last else None, num_output_tokens=i + 1)
+
+
+def _final(pieces: list[str], reason: str = "stop"):
+    """The same answer's one output when it is not streamed (OutputKind.FINAL_ONLY)."""
+    from flashlane.engine.outputs import RequestOutput
+
+    return RequestOutput("r", [1], "".join(pieces), list(range(len(pieces))), True, reason,
+                         num_output_tokens=len(pieces))
 
 
 def test_auto_choice_stream_and_answer_in_openai_shapes():
@@ -199,7 +205,7 @@ def test_auto_choice_stream_and_answer_in_openai_shapes():
     pieces = ["Let", " me check.", "\n<tool", "_call>get_", "weather\n<arg_key>city</arg_key>\n<arg_val",
               "ue>Rome</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2", "</arg_value>\n</tool_call>"]
     choice = _ChoiceStream(plan, "glm")
-    deltas = [choice.delta(out, must_send=out.finished) for out in _outputs(pieces)]
+    deltas = [choice.delta(out, must_send=out.finished) for out in _deltas(pieces)]
     sent = [d for d in deltas if d is not None]
     assert sent[0] == {"role": "assistant", "content": "Let"} and all("role" not in d for d in sent[1:])
     assert "".join(d.get("content") or "" for d in sent) == "Let me check.\n"
@@ -209,7 +215,7 @@ def test_auto_choice_stream_and_answer_in_openai_shapes():
     assert all(set(c) == {"index", "function"} and set(c["function"]) == {"arguments"} for c in calls[1:])
     arguments = "".join(c["function"]["arguments"] for c in calls)
     assert json.loads(arguments) == {"city": "Rome", "days": 2}
-    last = list(_outputs(pieces))[-1]
+    last = _final(pieces)
     assert choice.called and finish_reason(last, choice.called) == "tool_calls"
     message, reason = answer(plan, "glm", last)
     assert reason == "tool_calls" and message["content"] == "Let me check.\n"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -104,6 +104,28 @@ def _carries_tokens(chunk: dict) -> bool:
     return isinstance(c.get("text"), str)
 
 
+@dataclass
+class _Stream:
+    """What the event stream of one request delivered so far."""
+    pieces: list[str] = field(default_factory=list)
+    chunk_times: list[float] = field(default_factory=list)   # arrival of each chunk carrying tokens
+    usage: dict | None = None
+    finish: str | None = None
+
+    def take(self, chunk: dict, t: float) -> bool:
+        """Add one chunk that arrived at ``t``; whether it carried tokens."""
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        choices = chunk.get("choices") or []
+        if choices and choices[0].get("finish_reason"):
+            self.finish = choices[0]["finish_reason"]
+        if not _carries_tokens(chunk):
+            return False
+        self.chunk_times.append(t)
+        self.pieces.append(_delta_text(chunk))
+        return True
+
+
 async def send_request(client: httpx.AsyncClient, target: Target, messages: list[dict],
                        max_tokens: int, ignore_eos: bool, rec: RequestRecord,
                        keep_text: bool = False) -> str:
@@ -111,75 +133,78 @@ async def send_request(client: httpx.AsyncClient, target: Target, messages: list
     body = build_body(target, messages, max_tokens, ignore_eos)
     rec.requested_output_tokens = max_tokens
     rec.ignore_eos = ignore_eos
-    pieces: list[str] = []
-    chunk_times: list[float] = []
-    usage = None
-    finish = None
+    stream = _Stream()
     rec.send_time = now()
     if rec.issue_time is None:
         rec.issue_time = rec.send_time
     try:
-        async with client.stream("POST", target.url, json=body,
-                                 timeout=httpx.Timeout(target.request_timeout_s, connect=30.0)) as resp:
-            rec.http_status = resp.status_code
-            if resp.status_code >= 400:
-                text = (await resp.aread()).decode(errors="replace")
-                rec.end_time = now()
-                _fail(rec, classify_http_error(resp.status_code, text), text)
-                return ""
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                t = now()
-                try:
-                    chunk = json.loads(data)
-                except json.JSONDecodeError:
-                    rec.end_time = now()
-                    _fail(rec, "stream_error", f"malformed SSE data: {data[:200]}")
-                    return ""
-                if "error" in chunk:
-                    msg = json.dumps(chunk["error"])[:500]
-                    rec.end_time = now()
-                    _fail(rec, "context_overflow" if OVERFLOW_RE.search(msg) else "stream_error", msg)
-                    return ""
-                if chunk.get("usage"):
-                    usage = chunk["usage"]
-                choices = chunk.get("choices") or []
-                if choices and choices[0].get("finish_reason"):
-                    finish = choices[0]["finish_reason"]
-                if _carries_tokens(chunk):
-                    if rec.first_token_time is None:
-                        rec.first_token_time = t
-                    chunk_times.append(t)
-                    pieces.append(_delta_text(chunk))
+        if not await _exchange(client, target, body, rec, stream):
+            return ""
     except asyncio.CancelledError:
-        rec.end_time = now()
-        _fail(rec, "cancelled", "request cancelled by the client")
+        _fail_now(rec, "cancelled", "request cancelled by the client")
         raise
     except httpx.TimeoutException as e:
-        rec.end_time = now()
-        _fail(rec, "timeout", f"{type(e).__name__}: {e}")
+        _fail_now(rec, "timeout", f"{type(e).__name__}: {e}")
         return ""
     except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
-        rec.end_time = now()
-        _fail(rec, "connection", f"{type(e).__name__}: {e}")
+        _fail_now(rec, "connection", f"{type(e).__name__}: {e}")
         return ""
     except httpx.HTTPError as e:
-        rec.end_time = now()
-        _fail(rec, "http_other", f"{type(e).__name__}: {e}")
+        _fail_now(rec, "http_other", f"{type(e).__name__}: {e}")
         return ""
     rec.end_time = now()
-    rec.finish_reason = finish
+    return _complete(rec, stream, keep_text)
+
+
+async def _exchange(client: httpx.AsyncClient, target: Target, body: dict, rec: RequestRecord,
+                    stream: _Stream) -> bool:
+    """POST ``body`` and read its event stream into ``stream``; False once ``rec`` is failed (an
+    HTTP error status or a bad stream). Transport errors propagate."""
+    async with client.stream("POST", target.url, json=body,
+                             timeout=httpx.Timeout(target.request_timeout_s, connect=30.0)) as resp:
+        rec.http_status = resp.status_code
+        if resp.status_code >= 400:
+            text = (await resp.aread()).decode(errors="replace")
+            _fail_now(rec, classify_http_error(resp.status_code, text), text)
+            return False
+        return await _read_events(resp, rec, stream)
+
+
+async def _read_events(resp: httpx.Response, rec: RequestRecord, stream: _Stream) -> bool:
+    """The SSE ``data:`` events up to ``[DONE]``, the first token's time going into ``rec`` as it
+    arrives; False once ``rec`` is failed (malformed data or an error event)."""
+    async for line in resp.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            break
+        t = now()
+        try:
+            chunk = json.loads(data)
+        except json.JSONDecodeError:
+            _fail_now(rec, "stream_error", f"malformed SSE data: {data[:200]}")
+            return False
+        if "error" in chunk:
+            msg = json.dumps(chunk["error"])[:500]
+            _fail_now(rec, "context_overflow" if OVERFLOW_RE.search(msg) else "stream_error", msg)
+            return False
+        if stream.take(chunk, t) and rec.first_token_time is None:
+            rec.first_token_time = t
+    return True
+
+
+def _complete(rec: RequestRecord, stream: _Stream, keep_text: bool) -> str:
+    """Fill ``rec`` from a stream that ended normally; the generated text ('' when it held no token)."""
+    chunk_times = stream.chunk_times
+    rec.finish_reason = stream.finish
     rec.num_chunks = len(chunk_times)
     rec.last_token_time = chunk_times[-1] if chunk_times else None
-    if usage:
+    if stream.usage:
         rec.usage_reported = True
-        rec.input_tokens = usage.get("prompt_tokens")
-        rec.output_tokens = usage.get("completion_tokens")
-        details = usage.get("prompt_tokens_details") or {}
+        rec.input_tokens = stream.usage.get("prompt_tokens")
+        rec.output_tokens = stream.usage.get("completion_tokens")
+        details = stream.usage.get("prompt_tokens_details") or {}
         rec.cached_tokens = details.get("cached_tokens")
     else:
         rec.output_tokens = len(chunk_times)  # fallback: one token per chunk (flagged)
@@ -193,10 +218,16 @@ async def send_request(client: httpx.AsyncClient, target: Target, messages: list
         gaps = [g / per_chunk for g in gaps]
     rec.chunk_gaps_s = [round(g, 6) for g in gaps]
     rec.status = STATUS_OK
-    text = "".join(pieces)
+    text = "".join(stream.pieces)
     if keep_text:
         rec.output_text = text
     return text
+
+
+def _fail_now(rec: RequestRecord, cls: str, msg: str) -> None:
+    """The request ends here, failed."""
+    rec.end_time = now()
+    _fail(rec, cls, msg)
 
 
 def _fail(rec: RequestRecord, cls: str, msg: str) -> None:

@@ -75,8 +75,7 @@ def add_parser(sub):
 
 def run(args) -> int:
     apply_thread_default(args)   # before torch loads
-    from ..engine.async_engine import AsyncEngine
-    from ..engine.core_supervisor import EngineCoreSupervisor
+    from ..engine.launch import engine_in_process, engine_in_thread
     from ..server.app import DEFAULT_MAX_BODY_BYTES, create_app
     from ..server.connections import uvicorn_config
     from ..server.shutdown import ShutdownDeadlineServer
@@ -91,9 +90,9 @@ def run(args) -> int:
     # listening before the start-up line says so
     sock = bind_socket(args.host, args.port)
     try:
-        engine = (EngineCoreSupervisor(args.model, max_restarts=args.engine_restarts,
-                                       restart_backoff=args.engine_restart_backoff, **engine_kwargs(args))
-                  if args.engine_process else AsyncEngine(args.model, **engine_kwargs(args)))
+        engine = (engine_in_process(args.model, max_restarts=args.engine_restarts,
+                                    restart_backoff=args.engine_restart_backoff, **engine_kwargs(args))
+                  if args.engine_process else engine_in_thread(args.model, **engine_kwargs(args)))
         app = create_app(engine, served_model_name=args.served_model_name or args.model, api_key=api_key,
                          max_queue=args.max_queue, max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
                          max_seqs_per_request=args.max_seqs_per_request, profile_dir=args.profile_dir,

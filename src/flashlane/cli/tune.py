@@ -112,18 +112,43 @@ def run(args) -> int:
 def _run(args, home) -> int:
     from pathlib import Path
 
-    from flashlane.bench.load import LoadPoint
-    from flashlane.bench.runner import BenchConfig, build_source
-    from flashlane.bench.text_synth import TextSynth, load_tokenizer
-    from flashlane.bench.workloads.fixed import FixedSpec
-    from flashlane.tune.objective import Objective, parse_slo
     from flashlane.tune.report import build_result, render_text, write_report
-    from flashlane.tune.space import flashlane_space, load_space
-    from flashlane.tune.study import StudySettings, fingerprint, open_study, remeasure, run_trials
-    from flashlane.tune.target import FlashlaneTarget, TemplateTarget
-    from flashlane.tune.trial import Bench
+    from flashlane.tune.study import StudySettings, fingerprint, open_study
 
-    from .. import presets
+    # Everything is checked before any server starts.
+    objective = _objective(args)
+    space, target = _target(args)
+    bench = _bench(args)
+    name = args.study_name or study_name(args, objective)
+    (home / "tune").mkdir(parents=True, exist_ok=True)
+    storage = args.storage or f"sqlite:///{home / 'tune' / 'studies.db'}"
+    out = Path(args.output_dir) if args.output_dir else home / "tune" / name
+    settings = StudySettings(storage=storage, study_name=name, n_trials=args.trials, out_dir=out,
+                             sampler=args.sampler, seed=args.sampler_seed, remeasure_top=args.remeasure_top,
+                             remeasure_repeats=args.remeasure_repeats, default_first=not args.no_default_trial,
+                             progress=not args.no_progress)
+    stored = fingerprint(target, space, objective, bench)
+    study = open_study(settings, objective, space, stored)
+    log = (lambda m: None) if args.no_progress else (lambda m: print(m, file=sys.stderr))
+    log(f"study {name} in {storage}: {len(study.trials)} trial(s) so far, target {args.trials}")
+    remeasured, interrupted = _search(study, settings, target, space, objective, bench, log)
+    result = build_result(study, objective, target, remeasured, stored, space.defaults())
+    result["interrupted"] = interrupted
+    report = write_report(out, result, study, objective)
+    if interrupted:
+        print(f"tune: interrupted; servers stopped; the study resumes with the same command "
+              f"(--study-name {name})", file=sys.stderr)
+        return 130
+    print(render_text(result))
+    print(f"report: {report}")
+    record_results(args, "tune", out, targets=_recorded_points(result))
+    return 0
+
+
+def _objective(args):
+    """The study's objective from the load and objective options (which it checks; it also
+    defaults the load to 4 lanes)."""
+    from flashlane.tune.objective import Objective, parse_slo
 
     if args.concurrency is None and args.request_rate is None:
         args.concurrency = 4
@@ -131,22 +156,40 @@ def _run(args, home) -> int:
         raise ValueError(f"--request-rate: must be > 0, got {args.request_rate}")
     if args.remeasure_top < 0:
         raise ValueError(f"--remeasure-top: must be >= 0, got {args.remeasure_top}")
-    # Everything is checked before any server starts.
     metrics = tuple(m.strip() for m in args.pareto.split(",") if m.strip()) if args.pareto else (args.objective,)
     if args.pareto and len(metrics) < 2:
         raise ValueError(f"--pareto: needs two or more metrics, got {args.pareto!r}")
     objective = Objective(metrics, tuple(parse_slo(s) for s in args.constraints))
     if "goodput" in objective.metrics and not args.slo:
         raise ValueError("--objective goodput: give the per-request SLOs with --goodput-slo ttft=S,tpot=S,e2e=S")
+    return objective
+
+
+def _target(args):
+    """The search space and the server each trial starts with a point of it."""
+    from flashlane.tune.space import flashlane_space, load_space
+    from flashlane.tune.target import FlashlaneTarget, TemplateTarget
+
     if args.serve_command:
         if not args.search_space:
             raise ValueError("--serve-command: give the knobs with --search-space (the built-in space is "
                              "flashlane's)")
         space = load_space(args.search_space)
-        target = TemplateTarget(args.serve_command, space)
-    else:
-        space = load_space(args.search_space) if args.search_space else flashlane_space(offered=serve_flags())
-        target = FlashlaneTarget(args.model, space, list(args.serve_arg))
+        return space, TemplateTarget(args.serve_command, space)
+    space = load_space(args.search_space) if args.search_space else flashlane_space(offered=serve_flags())
+    return space, FlashlaneTarget(args.model, space, list(args.serve_arg))
+
+
+def _bench(args):
+    """The workload every trial replays, at the one load point of the study."""
+    from flashlane.bench.load import LoadPoint
+    from flashlane.bench.runner import BenchConfig, build_source
+    from flashlane.bench.text_synth import TextSynth, load_tokenizer
+    from flashlane.bench.workloads.fixed import FixedSpec
+    from flashlane.tune.trial import Bench
+
+    from .. import presets
+
     kw = common_kwargs(args)
     kw["progress"] = False
     point = LoadPoint(concurrency=args.concurrency) if args.concurrency else LoadPoint(request_rate=args.request_rate)
@@ -167,21 +210,15 @@ def _run(args, home) -> int:
             tok = None  # a model id without a local tokenizer: the one-word-per-token approximation
         return TextSynth(seed=args.seed, tokenizer=tok)
 
-    bench = Bench(cfg=cfg, source=build_source(cfg), point=point, make_synth=make_synth,
-                  startup_timeout_s=args.startup_timeout)
-    name = args.study_name or study_name(args, objective)
-    (home / "tune").mkdir(parents=True, exist_ok=True)
-    storage = args.storage or f"sqlite:///{home / 'tune' / 'studies.db'}"
-    out = Path(args.output_dir) if args.output_dir else home / "tune" / name
-    settings = StudySettings(storage=storage, study_name=name, n_trials=args.trials, out_dir=out,
-                             sampler=args.sampler, seed=args.sampler_seed, remeasure_top=args.remeasure_top,
-                             remeasure_repeats=args.remeasure_repeats, default_first=not args.no_default_trial,
-                             progress=not args.no_progress)
-    stored = fingerprint(target, space, objective, bench)
-    study = open_study(settings, objective, space, stored)
-    log = (lambda m: None) if args.no_progress else (lambda m: print(m, file=sys.stderr))
-    log(f"study {name} in {storage}: {len(study.trials)} trial(s) so far, target {args.trials}")
-    interrupted = False
+    return Bench(cfg=cfg, source=build_source(cfg), point=point, make_synth=make_synth,
+                 startup_timeout_s=args.startup_timeout)
+
+
+def _search(study, settings, target, space, objective, bench, log):
+    """Runs the trials, then (single objective) the re-measurement; Ctrl-C or SIGTERM stops it
+    early. Returns (the re-measurement or None, whether it was interrupted)."""
+    from flashlane.tune.study import remeasure, run_trials
+
     previous = signal.getsignal(signal.SIGTERM)
 
     def on_term(*_):
@@ -194,20 +231,10 @@ def _run(args, home) -> int:
         if not objective.pareto:
             remeasured = remeasure(study, settings, target, space, objective, bench, log)
     except KeyboardInterrupt:
-        interrupted = True
+        return remeasured, True
     finally:
         signal.signal(signal.SIGTERM, previous)
-    result = build_result(study, objective, target, remeasured, stored, space.defaults())
-    result["interrupted"] = interrupted
-    report = write_report(out, result, study, objective)
-    if interrupted:
-        print(f"tune: interrupted; servers stopped; the study resumes with the same command "
-              f"(--study-name {name})", file=sys.stderr)
-        return 130
-    print(render_text(result))
-    print(f"report: {report}")
-    record_results(args, "tune", out, targets=_recorded_points(result))
-    return 0
+    return remeasured, False
 
 
 def _recorded_points(result: dict):

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.forward_batch import CacheTensors, ForwardBatch
+from ..models.cache_tensors import CacheTensors
+from ..models.forward_batch import ForwardBatch
 from .engine_args import check_sizes
 
 log = logging.getLogger("flashlane.engine")

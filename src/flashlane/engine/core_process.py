@@ -1,17 +1,7 @@
-"""The engine-core process: loads the model itself, owns the torch/OpenMP threads, schedules and
-steps; the HTTP process talks to it over one multiprocessing Pipe (``core_client.py``).
-
-Messages (pickled tuples), parent -> child:
-  ("call", call_id, method, args)   answered by ("reply", call_id, ok, value or exception)
-  ("abort", request_id)             fire and forget (its final output is sent like any other)
-  ("abort_many", [request_id, ...]) fire and forget; the parent stopped listening to them, so only
-                                    requests that already sent an output send their last one
-  ("stop",)                         close the engine and exit
-child -> parent:
-  ("ready", EngineInfo, tokenizer)  once, after the model loaded (or ("failed", exception))
-  ("outputs", [delta, ...])         after every step that produced any (``output_deltas.py``)
-  ("dead", message, traceback)      a step crashed (the formatted traceback); the process exits
-                                    right after
+"""The engine-core process: loads the model itself, owns the torch/OpenMP threads and runs the
+step loop (``core.run_core_loop``) on messages from one multiprocessing Pipe (``messages.py``;
+the parent's side is ``engine_process.py``). It sends ``Ready`` (or ``LoadFailed``) once, then
+``StepOutputs`` and ``Reply`` messages, and ``EngineDied`` if a step crashes.
 
 The child ignores SIGINT (Ctrl-C reaches the whole process group; the HTTP process decides how
 to shut down) and exits when the pipe closes, so it never outlives its server.
@@ -22,72 +12,28 @@ from __future__ import annotations
 import pickle
 import signal
 import traceback
+from typing import Iterable
 
-from ..kernels.profiling import profiling_range
+from .core import EngineCore, run_core_loop
 from .llm_engine import LLMEngine
-from .output_deltas import DeltaEncoder
-from .profiling import StepProfiler, write_window
-from .request_batches import abort_each, add_all
+from .messages import EngineDied, LoadFailed, Ready, Reply
 from .threads import default_threads, usable_cpus
 
-OUTPUT_SLICE_IDS = 1 << 20   # prompt ids per outputs message (first outputs carry their prompt)
+
+class PipeInbox:
+    def __init__(self, conn):
+        self._conn = conn
+
+    def take(self, wait: bool) -> Iterable[object]:
+        msgs = []
+        if wait or self._conn.poll(0):
+            msgs.append(self._conn.recv())
+        while self._conn.poll(0):
+            msgs.append(self._conn.recv())
+        return msgs
 
 
-class _Core:
-    """The methods the parent may call, run between two steps."""
-
-    def __init__(self, engine: LLMEngine, conn):
-        self.engine = engine
-        self.conn = conn
-        self.profile = StepProfiler()
-        self.deltas = DeltaEncoder()
-
-    def send_outputs(self, outputs) -> None:
-        """In messages of about OUTPUT_SLICE_IDS prompt ids at most: the parent unpickles each
-        one holding its GIL."""
-        batch, ids = [], 0
-        for out in outputs:
-            delta = self.deltas.encode(out)
-            batch.append(delta)
-            ids += len(out.prompt_token_ids) if delta[1] is not None else 0
-            if ids >= OUTPUT_SLICE_IDS:
-                self.conn.send(("outputs", batch))
-                batch, ids = [], 0
-        if batch:
-            self.conn.send(("outputs", batch))
-
-    def abort(self, request_id: str) -> None:
-        out = self.engine.abort(request_id)
-        if out is not None:
-            self.send_outputs([out])
-
-    def add(self, request_id: str, prompt, params) -> None:
-        self.engine.add_request(request_id, prompt, params)
-
-    def add_many(self, requests: list[tuple]) -> None:
-        add_all(self.engine, requests)
-
-    def abort_many(self, request_ids: list[str]) -> None:
-        outs = abort_each(self.engine, request_ids)
-        self.send_outputs([out for out in outs if self.deltas.started(out.request_id)])
-
-    def abort_all(self) -> None:
-        self.send_outputs(abort_each(self.engine, list(self.engine.requests)))
-
-    def snapshot(self) -> dict:
-        return self.engine.snapshot()
-
-    def step_page(self, since, limit: int, with_ids: bool) -> dict:
-        return self.engine.step_stats.page(since, limit, with_ids)
-
-    def start_profile(self) -> None:
-        self.profile.start()
-
-    def stop_profile(self, directory: str) -> dict:
-        return write_window(self.profile.stop(), directory)
-
-
-def _sendable(exc: Exception) -> Exception:
+def _sendable(exc: BaseException) -> BaseException:
     """``exc`` itself when it survives pickling (its type and message reach the caller), else a
     RuntimeError with its text."""
     try:
@@ -95,25 +41,6 @@ def _sendable(exc: Exception) -> Exception:
         return exc
     except Exception:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
-
-
-def _handle(core: _Core, msg) -> bool:
-    """Run one command; False when the parent asked the process to stop."""
-    kind = msg[0]
-    if kind == "abort":
-        core.abort(msg[1])
-    elif kind == "abort_many":
-        core.abort_many(msg[1])
-    elif kind == "call":
-        _, call_id, method, args = msg
-        try:
-            reply = (call_id, True, getattr(core, method)(*args))
-        except Exception as exc:  # reported to the caller; the engine keeps going
-            reply = (call_id, False, _sendable(exc))
-        core.conn.send(("reply", *reply))
-    elif kind == "stop":
-        return False
-    return True
 
 
 def default_engine_threads() -> int:
@@ -132,25 +59,22 @@ def run_engine_core(model: str, engine_args: dict, conn) -> None:
     try:
         engine = LLMEngine(model, **engine_args)
     except Exception as exc:
-        conn.send(("failed", _sendable(exc)))
+        conn.send(LoadFailed(_sendable(exc)))
         return
-    conn.send(("ready", engine.info, engine.tokenizer))
-    core = _Core(engine, conn)
+    conn.send(Ready(engine.info, engine.tokenizer))
+
+    def emit(msg) -> None:
+        if isinstance(msg, Reply) and msg.error is not None:
+            msg.error = _sendable(msg.error)
+        conn.send(msg)
+
     try:
-        running = True
-        while running:
-            # commands first (as the in-process stepping thread does); block only when idle
-            while running and conn.poll(0 if engine.has_unfinished() else None):
-                running = _handle(core, conn.recv())
-            if running and engine.has_unfinished():
-                with profiling_range("engine_step"):
-                    outputs = engine.step()
-                core.send_outputs(outputs)
+        run_core_loop(EngineCore(engine), PipeInbox(conn), emit)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the HTTP process is gone: nobody left to serve
     except BaseException as exc:
         try:
-            conn.send(("dead", f"engine step failed: {exc!r}", traceback.format_exc()))
+            conn.send(EngineDied(f"engine step failed: {exc!r}", traceback.format_exc()))
         finally:
             raise
     finally:

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from .llm_engine import LLMEngine
+from .output_processor import OutputProcessor
 from .outputs import RequestOutput
-from .sampling_params import SamplingParams
+from .sampling_params import OutputKind, SamplingParams
 
 
 class LLM:
     def __init__(self, model, **engine_args):
         self.engine = LLMEngine(model, **engine_args)
+        self._outputs = OutputProcessor(self.engine.tokenizer)
         self._counter = 0
 
     @property
@@ -34,28 +38,41 @@ class LLM:
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
-        ids = []
-        for prompt, p in zip(prompts, params):
-            rid = f"gen-{self._counter}"
-            self._counter += 1
-            try:
-                self.engine.add_request(rid, prompt, p)
-            except ValueError:  # e.g. too long for the context: none of this batch stays queued
-                for added in ids:
-                    self.engine.abort(added)
-                raise
-            ids.append(rid)
+        ids = self._add_all(prompts, params)
         done: dict[str, RequestOutput] = {}
         progress = _progress(len(ids)) if use_tqdm else None
         while self.engine.has_unfinished():
-            for out in self.engine.step():
-                if out.finished:
+            for delta in self.engine.step():
+                processed = self._outputs.process(delta)
+                if processed.stopped:
+                    self.engine.abort(delta.request_id, "stop")
+                out = processed.output
+                if out is not None and out.finished:
                     done[out.request_id] = out
                     if progress:
                         progress[0].advance(progress[1])
         if progress:
             progress[0].stop()
         return [done[r] for r in ids]
+
+    def _add_all(self, prompts: list, params: list[SamplingParams]) -> list[str]:
+        """Queue every prompt (each one's outputs accumulated in full), or none of them."""
+        ids = []
+        for prompt, p in zip(prompts, params):
+            rid = f"gen-{self._counter}"
+            self._counter += 1
+            p = dataclasses.replace(p, output_kind=OutputKind.FINAL_ONLY)
+            try:
+                req = self.engine.add_request(rid, prompt, p)
+            except ValueError:  # e.g. too long for the context: none of this batch stays queued
+                for added in ids:
+                    self.engine.abort(added)
+                    self._outputs.remove(added)
+                raise
+            self._outputs.add(rid, req.prompt_token_ids, p, req.metrics.arrival_time,
+                              prompt if isinstance(prompt, str) else None)
+            ids.append(rid)
+        return ids
 
     def score(self, token_id_windows: list[list[int]]) -> list[torch.Tensor]:
         """Full next-token log-probs through the serving path (paged cache, chunked prefill, the
@@ -69,9 +86,9 @@ class LLM:
         for window in token_id_windows:
             if len(window) < 2:
                 raise ValueError(f"a scored window needs at least 2 tokens, got {len(window)}")
-            req = self.engine.add_request(f"score-{self._counter}", list(window), params)
+            req = self.engine.add_request(f"score-{self._counter}", list(window), params,
+                                          keep_prompt_logprob_rows=True)
             self._counter += 1
-            req.prompt_logprob_rows = []
             reqs.append(req)
         while self.engine.has_unfinished():
             self.engine.step()

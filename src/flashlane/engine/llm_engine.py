@@ -16,18 +16,18 @@ from ..models.loader import auto_cpu_dtype_choice
 from ..models.protocol import CausalLM, Compilable
 from ..models.quantize import Int8Embedding, quantize, weight_bytes
 from .cache.fingerprint import weights_fingerprint
-from .cache.manager import CacheManager, plan_cache
+from .cache.manager import CacheManager, CachePlan, plan_cache
 from .compiled_decode import CompiledDecode, cuda_graph_mode
 from .engine_args import EngineArgs
 from .info import EngineInfo
-from .outputs import RequestOutput
-from .request import Request, Status
+from .outputs import RequestDelta
+from .request import Request
+from .request_check import InvalidRequest, check_prompt_ids, check_sampling, resolve_max_tokens
 from .runner import ModelRunner
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .static_scheduler import StaticScheduler
 from .step_log import StepLog, StepRecord
-from .stop_checker import StopChecker
 from .structured_output import Grammars
 
 log = logging.getLogger("flashlane.engine")
@@ -47,7 +47,36 @@ class LLMEngine:
         if args.num_threads:
             torch.set_num_threads(args.num_threads)
         loaded_here = isinstance(model, str)
-        if loaded_here:
+        self._load(model)
+        spec = cache_spec(self.config, args.page_size, args.kv_cache_dtype)
+        plan = self._build_cache(spec)
+        self.max_model_len = min(args.max_model_len or self.config.max_position_embeddings, plan.num_tokens)
+        max_running = min(args.max_num_seqs, plan.num_slots if spec.needs_state_slot else args.max_num_seqs,
+                          plan.num_pages)
+        self._build_scheduler(max_running)
+        compiled = self._compiled_decode(spec, max_running) if args.compile else None
+        self.grammars = Grammars(self.tokenizer, self.config.vocab_size, self.config.eos_token_ids)
+        self.runner = ModelRunner(self.model, self.cache, args.seed, args.index_topk, compiled, self.grammars)
+        self.requests: dict[str, Request] = {}
+        self.step_stats = StepLog(args.step_log_size)
+        self._num_steps = 0
+        self.counters: Counter = Counter()
+        self.finish_reasons: Counter = Counter()
+        self._started: set[str] = set()    # requests whose first delta went out
+        self.info = self._engine_info(spec, plan, max_running, loaded_here)
+        log.info(self.describe_weights())
+        log.info(self.describe_cache())
+        if compiled is not None:
+            w = compiled.warm_up()
+            self.info = dataclasses.replace(self.info, compiled_decode={
+                "sizes": list(w.sizes), "warmup_s": round(w.seconds, 2), "cache_dir": w.cache_dir})
+            log.info(self.info.describe_compile())
+        if args.compile:
+            self._warm_up()
+
+    def _load(self, model) -> None:
+        args = self.args
+        if isinstance(model, str):
             from ..models.registry import load_model
             model = load_model(model, dtype=args.dtype, seed=args.seed, device=args.device,
                                require_tokenizer=not args.skip_tokenizer_init)
@@ -62,16 +91,17 @@ class LLMEngine:
         self.config = model.config
         if args.index_topk is not None:
             check_index_topk(self.config, args.index_topk)
-        has_indexer = bool(self.config.full_indexer_layers)
-        index_topk = (args.index_topk or self.config.index_topk) if has_indexer else None
+        self.index_topk = (args.index_topk or self.config.index_topk) if self.config.full_indexer_layers else None
         self.tokenizer = None if args.skip_tokenizer_init else model.tokenizer  # None: token ids only
         self.model_name = model.name
-        spec = cache_spec(self.config, args.page_size, args.kv_cache_dtype)
+
+    def _build_cache(self, spec) -> CachePlan:
+        args = self.args
         plan = plan_cache(spec, self.dtype, args.cache_memory, args.max_num_seqs,
                           args.num_pages, args.num_slots, args.device,
                           checkpoint_share=args.checkpoint_share if args.enable_prefix_caching else 0.0,
                           num_checkpoints=args.num_checkpoints if args.enable_prefix_caching else 0)
-        fingerprint = f"{self.model_name}|{self.config.arch}|{self._dtype_name()}|index_topk={index_topk}"
+        fingerprint = f"{self.model_name}|{self.config.arch}|{self._dtype_name()}|index_topk={self.index_topk}"
         if args.disk_cache_dir:
             fingerprint += "|" + weights_fingerprint(self.model)
         try:
@@ -80,9 +110,10 @@ class LLMEngine:
                                       args.disk_load_timeout_s)
         except OSError as e:
             raise ValueError(f"disk_cache_dir {args.disk_cache_dir!r} is not a writable directory: {e}") from e
-        self.max_model_len = min(args.max_model_len or self.config.max_position_embeddings, plan.num_tokens)
-        max_running = min(args.max_num_seqs, plan.num_slots if spec.needs_state_slot else args.max_num_seqs,
-                          plan.num_pages)
+        return plan
+
+    def _build_scheduler(self, max_running: int) -> None:
+        args = self.args
         granularity = chunk_multiple(self.config, args.page_size)
         if args.scheduler == "static":
             self.scheduler = StaticScheduler(self.cache, max_running, args.max_num_batched_tokens, granularity,
@@ -90,26 +121,21 @@ class LLMEngine:
         else:
             self.scheduler = Scheduler(self.cache, max_running, args.max_num_batched_tokens, granularity,
                                        args.max_wait_ms)
-        compiled = None
-        if args.compile:
-            topk = index_topk or 0
-            compiled = CompiledDecode(self.model, self.cache.tensors,
-                                      [b for b in args.compile_sizes if b < max_running] + [min(
-                                          max_running, args.compile_sizes[-1])],
-                                      args.index_topk, min_width=-(-topk // spec.page_size),
-                                      mode=cuda_graph_mode(args.device))
-        self.grammars = Grammars(self.tokenizer, self.config.vocab_size, self.config.eos_token_ids)
-        self.runner = ModelRunner(self.model, self.cache, args.seed, args.index_topk, compiled, self.grammars)
-        self.requests: dict[str, Request] = {}
-        self.stop_checker = StopChecker(self.tokenizer, self.max_model_len)
-        self.step_stats = StepLog(args.step_log_size)
-        self._num_steps = 0
-        self.counters: Counter = Counter()
-        self.finish_reasons: Counter = Counter()
+
+    def _compiled_decode(self, spec, max_running: int) -> CompiledDecode:
+        args = self.args
+        sizes = [b for b in args.compile_sizes if b < max_running] + [min(max_running, args.compile_sizes[-1])]
+        return CompiledDecode(self.model, self.cache.tensors, sizes, args.index_topk,
+                              min_width=-(-(self.index_topk or 0) // spec.page_size),
+                              mode=cuda_graph_mode(args.device))
+
+    def _engine_info(self, spec, plan: CachePlan, max_running: int, loaded_here: bool) -> EngineInfo:
+        args, config = self.args, self.config
         dtype_name = self._dtype_name()
-        self.info = EngineInfo(
-            model=self.model_name, arch=self.config.arch, dtype=str(self.dtype).replace("torch.", ""),
-            vocab_size=self.config.vocab_size, max_model_len=self.max_model_len, max_running=max_running,
+        has_indexer = bool(config.full_indexer_layers)
+        return EngineInfo(
+            model=self.model_name, arch=config.arch, dtype=dtype_name,
+            vocab_size=config.vocab_size, max_model_len=self.max_model_len, max_running=max_running,
             page_size=spec.page_size, num_pages=plan.num_pages, num_tokens=plan.num_tokens,
             num_state_slots=plan.num_slots, bytes_per_page=plan.bytes_per_page,
             bytes_per_slot=plan.bytes_per_slot, cache_bytes=self.cache.tensors.nbytes(),
@@ -117,7 +143,7 @@ class LLMEngine:
             index_bytes_per_token=spec.index_bytes_per_token(dtype_name),
             kv_cache_dtype=spec.kv_dtype_name(dtype_name),
             pool_bytes_per_token=spec.page_bytes_per_token(dtype_name),
-            index_topk=index_topk, config_index_topk=self.config.index_topk if has_indexer else None,
+            index_topk=self.index_topk, config_index_topk=config.index_topk if has_indexer else None,
             prefix_caching=args.enable_prefix_caching, num_checkpoints=plan.num_checkpoints,
             bytes_per_checkpoint=plan.bytes_per_slot if plan.num_checkpoints else 0,
             host_cache_bytes=args.host_cache_memory if args.enable_prefix_caching else 0,
@@ -129,15 +155,6 @@ class LLMEngine:
             dtype_reason=(auto_cpu_dtype_choice().why if args.dtype == "auto" and loaded_here
                           and torch.device(args.device).type == "cpu" else None),
         )
-        log.info(self.describe_weights())
-        log.info(self.describe_cache())
-        if compiled is not None:
-            w = compiled.warm_up()
-            self.info = dataclasses.replace(self.info, compiled_decode={
-                "sizes": list(w.sizes), "warmup_s": round(w.seconds, 2), "cache_dir": w.cache_dir})
-            log.info(self.info.describe_compile())
-        if args.compile:
-            self._warm_up()
 
     def _warm_up(self) -> None:
         """Compile before serving: torch.compile specialises one token vs many on first use, and
@@ -186,51 +203,37 @@ class LLMEngine:
     def tokenize(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ValueError("this engine has no tokenizer (skip_tokenizer_init=True, or a checkpoint "
-                                 "without tokenizer.json): give prompts as lists of token ids")
+                raise InvalidRequest("this engine has no tokenizer (skip_tokenizer_init=True, or a checkpoint "
+                                     "without tokenizer.json): give prompts as lists of token ids", "prompt")
             return self.tokenizer.encode(prompt)
-        if not all(isinstance(t, int) and 0 <= t < self.config.vocab_size for t in prompt):
-            raise ValueError(f"prompt token ids must be integers in [0, {self.config.vocab_size})")
         return list(prompt)
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
-                    arrival_time: float | None = None) -> Request:
+                    arrival_time: float | None = None, keep_prompt_logprob_rows: bool = False) -> Request:
+        """Queue a request (its checks are ``request_check``'s; a refusal raises InvalidRequest)."""
         params = params or SamplingParams()
-        if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer (this engine has none): use stop_token_ids")
         if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
+            raise InvalidRequest(f"request id {request_id!r} is already in use", "request_id")
         ids = self.tokenize(prompt)
-        if not ids:
-            raise ValueError("prompt is empty")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(f"prompt has {len(ids)} tokens; the maximum context is {self.max_model_len} "
-                             f"(pool: {self.cache.plan.num_tokens} tokens)")
-        fits = self.max_model_len - len(ids)
-        max_tokens = fits if params.max_tokens is None else params.max_tokens  # None: the rest of the context
-        if max_tokens > fits:  # refused, not clamped (OpenAI, vLLM); the caller's params stay as given
-            raise ValueError(f"This model's maximum context length is {self.max_model_len} tokens. However, you "
-                             f"requested {len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} "
-                             f"in the completion). Lower max_tokens to at most {fits}, or pass max_tokens=None "
-                             "for the rest of the context.")
+        check_prompt_ids(ids, self.config.vocab_size, self.max_model_len)
+        check_sampling(params, self.tokenizer is not None)
+        max_tokens = resolve_max_tokens(len(ids), params.max_tokens, self.max_model_len)
         grammar = self.grammars.matcher(params.structured) if params.structured is not None else None
-        req = Request(request_id, ids, params, self.config.eos_token_ids, arrival_time)
-        req.max_tokens = max_tokens
-        req.grammar = grammar
-        if isinstance(prompt, str):
-            req.prompt = prompt
+        req = Request(request_id, ids, params, self.config.eos_token_ids, arrival_time, max_tokens, grammar,
+                      keep_prompt_logprob_rows)
         self.requests[request_id] = req
-        self.stop_checker.add(req)
         self.scheduler.add(req)
         self.counters["requests_added"] += 1
         return req
 
-    def abort(self, request_id: str) -> RequestOutput | None:
+    def abort(self, request_id: str, reason: str = "abort") -> RequestDelta | None:
+        """End a request that has not finished; its last delta (None if there was nothing to end).
+        ``reason`` "stop": a client found a stop string in its text."""
         req = self.requests.get(request_id)
         if req is None or req.finished:
             return None
-        self.scheduler.remove(req)
-        return self._finish(req, "abort", time.monotonic())
+        self.scheduler.finish(req, reason, None, time.monotonic())
+        return self._retire(req, self._delta(req, 0, time.monotonic()))
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work
@@ -244,7 +247,8 @@ class LLMEngine:
         return self.scheduler.num_waiting
 
     # ---- one step -----------------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[RequestDelta]:
+        """Schedule and run one batch; the deltas of every request that sampled or finished."""
         wall_start, start = time.time(), time.monotonic()
         sched = self.scheduler.schedule(start)
         if sched.empty:
@@ -254,12 +258,35 @@ class LLMEngine:
         model_start = time.monotonic()
         results = self.runner.run(sched)
         now = time.monotonic()
-        progress = self.scheduler.update_from_output(sched, results)
-        outputs = [self._append_token(req, res.token, res.logprobs, now) for req, res in progress.sampled]
+        progress = self.scheduler.update_from_output(sched, results, now)
+        deltas = [self._delta(req, n, now) for req, n in progress.sampled]
+        for d in deltas:
+            if d.finished:
+                self._retire(self.requests[d.request_id], d)
         self._record_step(sched, wall_start, start, now - model_start, progress.prefill_tokens,
                           progress.decode_seqs)
         self.counters["prompt_tokens"] += progress.prefill_tokens
-        return outputs
+        self.counters["generation_tokens"] += sum(n for _, n in progress.sampled)
+        return deltas
+
+    def _delta(self, req: Request, num_new: int, now: float) -> RequestDelta:
+        """What ``req`` gained this step: its last ``num_new`` tokens (and the rest on its first)."""
+        first = req.request_id not in self._started
+        if first:
+            self._started.add(req.request_id)
+        ids = req.output_token_ids[len(req.output_token_ids) - num_new:] if num_new else []
+        logprobs = None if req.logprobs is None else req.logprobs[len(req.logprobs) - num_new:] if num_new else []
+        return RequestDelta(
+            req.request_id, ids, logprobs, now, req.finish_reason, req.stop_reason,
+            num_cached_tokens=req.num_cached_tokens or 0, num_preemptions=req.metrics.num_preemptions,
+            first_scheduled_time=req.metrics.first_scheduled_time if first else None,
+            prompt_logprobs=req.prompt_logprobs if first else None)
+
+    def _retire(self, req: Request, delta: RequestDelta) -> RequestDelta:
+        self.finish_reasons[req.finish_reason] += 1
+        self._started.discard(req.request_id)
+        del self.requests[req.request_id]
+        return delta
 
     def _record_step(self, sched, wall_start: float, start: float, model_s: float, prefill_tokens: int,
                      decode_seqs: int) -> None:
@@ -272,39 +299,6 @@ class LLMEngine:
             decode_seqs=decode_seqs, num_running=self.num_running, num_waiting=self.num_waiting,
             num_preempted=len(sched.preempted), pages_used=usage["pages_used"], slots_used=usage["slots_used"],
             request_ids=tuple(s.req.request_id for s in sched.seqs)))
-
-    def _append_token(self, req: Request, token: int, logprobs, now: float) -> RequestOutput:
-        self.counters["generation_tokens"] += 1
-        if req.grammar is not None and not req.grammar.accept(token):  # the mask allowed it: a bug if seen
-            log.error("request %s: token %d breaks its structured output: %s", req.request_id, token,
-                      req.grammar.error)
-        update = self.stop_checker.append(req, token, logprobs, now)
-        if update.finish_reason is not None:
-            return self._finish(req, update.finish_reason, now, update.stop_reason, update.delta, [token])
-        return self._output(req, update.delta, [token])
-
-    def _finish(self, req: Request, reason: str, now: float, stop=None, delta: str = "",
-                delta_ids: list[int] | None = None) -> RequestOutput:
-        if req.status is not Status.FINISHED:
-            self.scheduler.remove(req)
-        req.status = Status.FINISHED
-        req.finish_reason = reason
-        req.stop_reason = stop
-        req.metrics.finish_time = now
-        self.finish_reasons[reason] += 1
-        self.stop_checker.remove(req.request_id)
-        out = self._output(req, delta, delta_ids or [])
-        del self.requests[req.request_id]
-        return out
-
-    def _output(self, req: Request, delta: str, delta_ids: list[int]) -> RequestOutput:
-        return RequestOutput(
-            request_id=req.request_id, prompt_token_ids=req.prompt_token_ids, text=req.text,
-            token_ids=list(req.output_token_ids), finished=req.finished, finish_reason=req.finish_reason,
-            stop_reason=req.stop_reason, logprobs=req.logprobs, prompt_logprobs=req.prompt_logprobs,
-            delta_text=delta, delta_token_ids=delta_ids, metrics=req.metrics,
-            prompt=req.prompt, num_cached_tokens=req.num_cached_tokens or 0,
-        )
 
     def stats(self) -> dict:
         return {"running": self.num_running, "waiting": self.num_waiting,

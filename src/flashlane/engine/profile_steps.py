@@ -10,8 +10,8 @@ import random
 import time
 from pathlib import Path
 
-from ..kernels.cpu_caps import machine_info
-from ..kernels.profiling import profiling_range
+from ..machine import machine_info
+from ..trace_ranges import profiling_range
 from .llm_engine import LLMEngine
 from .profiling import StepProfiler, breakdown, per_unit, write_trace
 from .sampling_params import SamplingParams

@@ -1,6 +1,6 @@
 """Where engine steps spend their time, per layer type, from torch.profiler and the models' named ranges.
 
-Every range of ``kernels.profiling.RANGE_NAMES`` is charged its *own* time: its wall time less
+Every range of ``trace_ranges.RANGE_NAMES`` is charged its *own* time: its wall time less
 that of the named ranges nested in it (a DSA layer's indexer is charged to ``indexer``, not also
 to ``dsa_attention``), so the categories add up to the profiled steps' wall time with nothing
 counted twice. Two ranges have their own time renamed: ``engine_step`` -> ``engine_overhead``
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from ..kernels.profiling import RANGE_NAMES, set_profiling
+from ..trace_ranges import RANGE_NAMES, set_profiling
 
 OWN_TIME_NAME = {"engine_step": "engine_overhead", "model_forward": "model_other"}
 CATEGORIES = tuple(OWN_TIME_NAME.get(n, n) for n in RANGE_NAMES)

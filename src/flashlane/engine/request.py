@@ -1,4 +1,4 @@
-"""A request as the engine tracks it: tokens, cache holdings, sampling state and timings."""
+"""A request as the engine tracks it: tokens, progress, sampling state and timings."""
 
 from __future__ import annotations
 
@@ -40,42 +40,38 @@ class RequestMetrics:
 
 class Request:
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 eos_token_ids: tuple[int, ...] = (), arrival_time: float | None = None):
+                 eos_token_ids: tuple[int, ...] = (), arrival_time: float | None = None,
+                 max_tokens: int | None = None, grammar=None, keep_prompt_logprob_rows: bool = False):
+        """``max_tokens``: the effective output limit, resolved by the engine (``params.max_tokens``,
+        or for None the rest of the context); the caller's params are never written to.
+        ``grammar``: a GrammarMatcher when ``params.structured``. ``keep_prompt_logprob_rows``:
+        ``LLM.score`` wants the full log-prob rows of the prompt positions."""
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
-        self.prompt: str | None = None
         self.params = params
-        # the effective output limit: params.max_tokens, or (None) only the context, which the
-        # engine resolves at add time; the caller's params are never written to
-        self.max_tokens: int = params.max_tokens if params.max_tokens is not None else sys.maxsize
+        if max_tokens is None:
+            max_tokens = params.max_tokens if params.max_tokens is not None else sys.maxsize
+        self.max_tokens: int = max_tokens
         self.output_token_ids: list[int] = []
         self.status = Status.WAITING
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
+        # what it holds in the cache (pages, slot, block keys...) the cache manager keeps by request id
         self.num_computed_tokens = 0          # tokens whose cache rows are written
-        self.pages: list[int] = []            # block table
-        self.slot = 0                         # per-sequence state slot (0 = none)
         self.admitted_at = 0                  # step counter when admitted (for preemption order)
-        # prefix cache
-        self.block_keys: list[bytes] = []     # chained key of each full page of all_token_ids
-        self.num_cached_tokens: int | None = None   # prompt tokens reused at first admission
-        self.checkpoint_stops: list[int] = []  # prefill pauses here so a state checkpoint is taken
-        self.rolling_checkpoint: bytes | None = None  # newest checkpoint of this request's output
-        self.staged: dict = {}                # lower-tier entries loaded for this request's hit
+        self.num_cached_tokens: int | None = None   # prompt tokens the prefix cache supplied at first admission
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.prompt_logprobs: list[dict[int, float] | None] | None = (
             [None] if params.prompt_logprobs is not None else None)
-        # LLM.score: the full fp32 log-prob rows of the prompt positions, chunk by chunk
-        self.prompt_logprob_rows: list[torch.Tensor] | None = None
+        # LLM.score: the full fp32 log-prob rows of the prompt positions, chunk by chunk (None: not wanted)
+        self.prompt_logprob_rows: list[torch.Tensor] | None = [] if keep_prompt_logprob_rows else None
         self.stop_token_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             self.stop_token_ids.update(eos_token_ids)
-        self.grammar = None                   # a GrammarMatcher when params.structured (set by the engine)
+        self.grammar = grammar
         self.generator = None
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)
-        self.text = ""                        # detokenised output (set by the engine)
-        self.held = ""                        # text that may begin a stop string: not sent yet
         self.metrics = RequestMetrics(arrival_time if arrival_time is not None else time.monotonic())
 
     @property

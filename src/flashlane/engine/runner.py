@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels.profiling import profiling_range
 from ..kernels.sampling import sample, topk_logprobs
 from ..models.forward_batch import ForwardBatch
+from ..trace_ranges import profiling_range
 from .cache.manager import CacheManager
 from .compiled_decode import CompiledDecode
 from .scheduler import SchedulerOutput
@@ -20,6 +20,7 @@ class SeqResult:
     token: int | None = None
     logprobs: dict[int, float] | None = None
     prompt_logprobs: list[dict[int, float]] | None = None
+    prompt_logprob_rows: torch.Tensor | None = None   # LLM.score: this step's full fp32 prompt rows
 
 
 class ModelRunner:
@@ -43,8 +44,8 @@ class ModelRunner:
             c = s.req.num_computed_tokens
             new_tokens.append(s.req.all_token_ids[c: c + s.num_new])
             starts.append(c)
-            tables.append(s.req.pages)
-            slots.append(s.req.slot)
+            tables.append(self.cache.block_table(s.req))
+            slots.append(self.cache.state_slot(s.req))
         batch = ForwardBatch.build(new_tokens, starts, tables, slots, self.cache.tensors, self.index_topk)
         hidden = self.model(batch)
         with profiling_range("sampling"):
@@ -53,7 +54,8 @@ class ModelRunner:
     def _run_compiled(self, seqs) -> list[SeqResult]:
         starts = [s.req.num_computed_tokens for s in seqs]
         batch = self.compiled.batch([s.req.all_token_ids[c] for s, c in zip(seqs, starts)], starts,
-                                    [s.req.pages for s in seqs], [s.req.slot for s in seqs])
+                                    [self.cache.block_table(s.req) for s in seqs],
+                                    [self.cache.state_slot(s.req) for s in seqs])
         hidden = self.compiled.run(batch)
         with profiling_range("sampling"):
             return self._sample(seqs, starts, list(range(len(seqs) + 1)), hidden)
@@ -89,7 +91,7 @@ class ModelRunner:
             results[b].prompt_logprobs = topk_logprobs(
                 logprobs[at: at + len(positions)], targets, req.params.prompt_logprobs)
             if req.prompt_logprob_rows is not None:
-                req.prompt_logprob_rows.append(logprobs[at: at + len(positions)].clone())
+                results[b].prompt_logprob_rows = logprobs[at: at + len(positions)].clone()
 
         if sample_row:
             bs = list(sample_row)

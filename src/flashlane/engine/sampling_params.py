@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
+
+
+class OutputKind(enum.Enum):
+    """What a request's outputs hold (vLLM's RequestOutputKind): ``DELTA`` only what is new since
+    the previous output (streaming), ``CUMULATIVE`` everything so far at every step,
+    ``FINAL_ONLY`` one output, at the end, with everything."""
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
 
 
 @dataclass(frozen=True)
@@ -35,6 +46,7 @@ class SamplingParams:
     skip_special_tokens: bool = True     # drop special tokens from the output text (vLLM)
     spaces_between_special_tokens: bool = True  # a space between added tokens and the text around them (vLLM)
     structured: StructuredOutput | None = None   # the output must follow this grammar (JSON schema / object)
+    output_kind: OutputKind = OutputKind.CUMULATIVE   # read by the client side only
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -69,6 +81,8 @@ class SamplingParams:
             bad("stop", "must be non-empty strings")
         if self.structured is not None and not isinstance(self.structured, StructuredOutput):
             bad("structured", "must be a StructuredOutput or None")
+        if not isinstance(self.output_kind, OutputKind):
+            bad("output_kind", "must be an OutputKind")
         if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
             bad("stop_token_ids", "must be non-negative integers")
 

@@ -5,7 +5,9 @@ most recently admitted request is preempted by recompute: it frees everything an
 the front of the queue, keeping its generated tokens, so it finishes with the same output.
 Admission first asks the cache for the request's longest reusable prefix (prefix cache): a hit
 starts the request's prefill after it, and prefills pause at checkpoint stops so hybrid models
-get their state checkpointed where the next turn will start.
+get their state checkpointed where the next turn will start. The scheduler alone writes a
+request's progress, from what the cache manager (``admit``) and the runner (its results) return;
+what a request holds in the cache the cache manager keeps itself.
 
 Length-aware packing: a long prompt never blocks a step — it is cut into chunks (multiples of
 lcm(page_size, kpool, 64)) that share the step with everybody's decode tokens, so a batch never
@@ -17,12 +19,15 @@ is ``StaticScheduler`` (static_scheduler.py): this scheduler restricted to one b
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from .cache.manager import CacheManager
 from .request import Request, Status
+
+log = logging.getLogger("flashlane.engine")
 
 
 @dataclass
@@ -54,7 +59,7 @@ class SchedulerOutput:
 @dataclass
 class StepProgress:
     """What a finished step did to the scheduled requests (see ``Scheduler.update_from_output``)."""
-    sampled: list[tuple[Request, object]] = field(default_factory=list)  # (request, its SeqResult with a token)
+    sampled: list[tuple[Request, int]] = field(default_factory=list)  # (request, tokens it gained this step)
     prefill_tokens: int = 0
     decode_seqs: int = 0
 
@@ -102,14 +107,14 @@ class Scheduler:
         else a multiple of the chunk granularity; never past the next checkpoint stop."""
         remaining = req.num_tokens - start
         n = remaining if remaining <= budget else budget // self.chunk_multiple * self.chunk_multiple
-        stop = next((p for p in req.checkpoint_stops if p > start), None)
+        stop = next((p for p in self.cache.checkpoint_stops(req) if p > start), None)
         if stop is not None and start + n > stop:
             n = stop - start
         return n
 
     def _preempt(self, victim: Request, out: SchedulerOutput) -> None:
         self.running.remove(victim)
-        self.cache.release(victim)
+        self.cache.preempt(victim)
         victim.num_computed_tokens = 0
         victim.status = Status.WAITING
         victim.metrics.num_preemptions += 1
@@ -158,7 +163,10 @@ class Scheduler:
             if n <= 0 or not self.cache.can_admit(req, match.num_tokens + n, match):
                 self.waiting.appendleft(req)
                 break
-            self.cache.admit(req, match, match.num_tokens + n)
+            admission = self.cache.admit(req, match, match.num_tokens + n)
+            req.num_computed_tokens = admission.num_computed_tokens
+            if admission.num_cached_tokens is not None:
+                req.num_cached_tokens = admission.num_cached_tokens
             req.status = Status.RUNNING
             self._admissions += 1
             req.admitted_at = self._admissions
@@ -173,10 +181,11 @@ class Scheduler:
         return out
 
     # ---- after a step ---------------------------------------------------------------------------
-    def update_from_output(self, sched: SchedulerOutput, results) -> StepProgress:
+    def update_from_output(self, sched: SchedulerOutput, results, now: float) -> StepProgress:
         """Advance every scheduled request past the tokens the step computed (their cache rows
-        are committed: full pages registered, checkpoints taken) and collect those that sampled
-        a token. ``results``: the runner's per-sequence results, in ``sched.seqs`` order."""
+        are committed: full pages registered, checkpoints taken), append the tokens sampled at
+        ``now`` and finish the requests they end. ``results``: the runner's per-sequence results,
+        in ``sched.seqs`` order."""
         progress = StepProgress()
         for s, res in zip(sched.seqs, results):
             req = s.req
@@ -190,9 +199,40 @@ class Scheduler:
             self.cache.commit(req, before, prefill)
             if res.prompt_logprobs:
                 req.prompt_logprobs.extend(res.prompt_logprobs)
+            if res.prompt_logprob_rows is not None:
+                req.prompt_logprob_rows.append(res.prompt_logprob_rows)
             if res.token is not None:
-                progress.sampled.append((req, res))
+                self._append(req, res.token, res.logprobs, now)
+                progress.sampled.append((req, 1))
         return progress
+
+    def _append(self, req: Request, token: int, logprobs, now: float) -> None:
+        """``token`` joins ``req``'s output; a stop token, a complete structured output or the
+        length limit finishes it (stop strings are the client's: they need text)."""
+        req.output_token_ids.append(token)
+        if req.logprobs is not None:
+            req.logprobs.append(logprobs)
+        if req.metrics.first_token_time is None:
+            req.metrics.first_token_time = now
+        if req.grammar is not None and not req.grammar.accept(token):  # the mask allowed it: a bug if seen
+            log.error("request %s: token %d breaks its structured output: %s", req.request_id, token,
+                      req.grammar.error)
+        if token in req.stop_token_ids:
+            self.finish(req, "stop", token, now)
+        elif req.grammar is not None and req.grammar.finished:
+            self.finish(req, "stop", None, now)
+        elif len(req.output_token_ids) >= req.max_tokens:
+            self.finish(req, "length", None, now)
+
+    def finish(self, req: Request, reason: str, stop_reason: int | None, now: float) -> None:
+        """End ``req`` (also an abort, ``reason`` "abort", or a client's stop string, "stop"):
+        it leaves the queues and its cache holdings are released."""
+        if req.status is not Status.FINISHED:
+            self.remove(req)
+        req.status = Status.FINISHED
+        req.finish_reason = reason
+        req.stop_reason = stop_reason
+        req.metrics.finish_time = now
 
     def _hold_admission(self, now: float, budget: int) -> bool:
         if self.max_wait_s <= 0:

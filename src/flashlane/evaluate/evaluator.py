@@ -14,7 +14,7 @@ from .. import presets
 from ..engine.engine_args import EngineArgs
 from ..engine.llm import LLM
 from ..engine.sampling_params import SamplingParams
-from ..kernels.cpu_caps import machine_info
+from ..machine import machine_info
 from .corpus import make_windows
 from ..models.quantize import weight_bytes
 from .measure import cache_bytes, throughput

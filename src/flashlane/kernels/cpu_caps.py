@@ -1,5 +1,5 @@
 """What the CPU can do natively (int8 dot products, bf16), a tiny timer for start-up choices, and
-the machine description every measurement records.
+the dtype ``dtype="auto"`` picks on CPU from them.
 
 torch's ``get_cpu_capability()`` names the vector width (``AVX2``, ``AVX512``, ``AMX``...) but
 not the int8 / bf16 instructions the int8 and bf16 paths need, so /proc/cpuinfo flags are read
@@ -9,8 +9,6 @@ too. ``CpuCaps`` is a plain value so that unit tests inject any machine they lik
 from __future__ import annotations
 
 import functools
-import os
-import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -108,23 +106,3 @@ def auto_cpu_dtype() -> DtypeChoice:
     """``choose_cpu_dtype`` for this machine, timed once per process."""
     return choose_cpu_dtype(detect_cpu_caps())
 
-
-def cpu_model() -> str:
-    """The CPU's marketing name (/proc/cpuinfo), else what the platform module knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
-def machine_info() -> dict:
-    """What a measurement's numbers depend on, recorded beside them: CPU model, torch's vector
-    capability and the flags flashlane's kernels choose by, threads, versions, accelerator."""
-    return {"cpu_model": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "cpu_features": detect_cpu_caps().describe(), "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": platform.python_version(), "platform": platform.platform(),
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}

@@ -15,9 +15,9 @@ from torch import nn
 from ..config import ModelConfig
 from ..kernels.indexer import select_positions, select_positions_decode, write_index_keys
 from ..kernels.kv_store import write_rows
-from ..kernels.profiling import profiling_range
 from ..kernels.rope import RopeCache, apply_rope
 from ..kernels.sparse_mla import sparse_mla_attention
+from ..trace_ranges import profiling_range
 from .forward_batch import ForwardBatch
 from .layers import Fp32Linear, KeepFp32, RMSNorm
 

@@ -17,7 +17,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..kernels.compiled import compiled
 from ..kernels.mhc import hc_post, hc_pre
-from ..kernels.profiling import profiling_range
+from ..trace_ranges import profiling_range
 from .dsa_attention import DSAAttention
 from .forward_batch import ForwardBatch
 from .kda_attention import KDAAttention

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
-from ..kernels.profiling import profiling_range
 from ..kernels.rope import RopeCache
+from ..trace_ranges import profiling_range
 from .dsa_attention import DSAAttention
 from .forward_batch import ForwardBatch
 from .layers import MoE, RMSNorm, dense_or_moe

@@ -10,7 +10,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..kernels.moe import grouped_experts, route, swiglu
-from ..kernels.profiling import profiling_range
+from ..trace_ranges import profiling_range
 
 
 class KeepFp32(nn.Module):

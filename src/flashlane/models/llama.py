@@ -16,7 +16,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..kernels.kv_store import gather_rows, write_rows
-from ..kernels.profiling import profiling_range
+from ..trace_ranges import profiling_range
 from .forward_batch import ForwardBatch
 from .layers import MLP, RMSNorm
 

@@ -1,5 +1,5 @@
-"""The OpenAI-compatible HTTP app around an AsyncEngine (the engine on a thread of this process)
-or an EngineCoreClient (the engine in its own process); both have the same async interface.
+"""The OpenAI-compatible HTTP app around an ``EngineClient`` (engine/launch.py: the engine on a
+thread of this process, or in a supervised engine process of its own).
 
 The app owns the engine's lifetime: it starts the engine on startup and, on shutdown,
 refuses new work (503) and aborts whatever is still in flight (uvicorn first lets open
@@ -16,15 +16,15 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from ..engine.serving_engine import ServingEngine
+from ..engine.client import EngineClient
 from .admission import Admission
 from .body_limits import DEFAULT_MAX_SEQS_PER_REQUEST, BodyLimits, chars_per_token
 from .chat_completions import create_chat_completion
 from .completions import create_completion
-from .context import ServerContext
 from .debug_steps import debug_steps_router
 from .errors import install_error_handlers
 from .guard import GuardedRoute, MemoryReleaser, ReleaseMemoryAfterLargeBodies
+from .handler_context import ServerContext
 from .head import HeadAsGet
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .middleware import CountStatus, LimitBody, RequireApiKey
@@ -43,7 +43,7 @@ _ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 429, 
 _STREAM = {"content": {"text/event-stream": {}}, "description": "JSON, or SSE events when stream is true"}
 
 
-def create_app(engine: ServingEngine, served_model_name: str | None = None, api_key: str | None = None,
+def create_app(engine: EngineClient, served_model_name: str | None = None, api_key: str | None = None,
                max_queue: int | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                max_seqs_per_request: int = DEFAULT_MAX_SEQS_PER_REQUEST, profile_dir: str | None = None,
                max_tokens_default: int | None = None) -> FastAPI:
@@ -55,12 +55,32 @@ def create_app(engine: ServingEngine, served_model_name: str | None = None, api_
     16, chat the rest of the context)."""
     info = engine.info
     name = served_model_name or info.model
+    _check_options(max_queue, max_seqs_per_request, max_tokens_default)
+    ctx = _server_context(engine, info, name, max_queue, max_seqs_per_request, max_tokens_default)
+    app = FastAPI(title="flashlane", summary="OpenAI-compatible server for flashlane models",
+                  lifespan=_lifespan(engine, ctx))
+    app.state.ctx = ctx
+    install_error_handlers(app)
+    _add_status_routes(app, engine, info, name, ctx)
+    app.include_router(debug_steps_router(engine, _ERRORS))
+    app.include_router(profile_router(engine, profile_dir, _ERRORS))
+    app.include_router(tokenize_router(ctx, _ERRORS))
+    app.include_router(_generation_router(ctx))
+    _add_middleware(app, engine, ctx, api_key, max_body_bytes)
+    return app
+
+
+def _check_options(max_queue: int | None, max_seqs_per_request: int, max_tokens_default: int | None):
     if max_queue is not None and max_queue < 0:
         raise ValueError(f"max_queue must be >= 0, got {max_queue}")
     if max_seqs_per_request < 1:
         raise ValueError(f"max_seqs_per_request must be >= 1, got {max_seqs_per_request}")
     if max_tokens_default is not None and max_tokens_default < 1:
         raise ValueError(f"max_tokens_default must be >= 1, got {max_tokens_default}")
+
+
+def _server_context(engine: EngineClient, info, name: str, max_queue: int | None, max_seqs_per_request: int,
+                    max_tokens_default: int | None) -> ServerContext:
     limit = None if max_queue is None else info.max_running + max_queue
     ctx = ServerContext(engine, name, ServerMetrics(name), Admission(limit), max_tokens_default=max_tokens_default)
     max_len = info.max_model_len
@@ -71,7 +91,10 @@ def create_app(engine: ServingEngine, served_model_name: str | None = None, api_
     else:
         log.info("prompts over %d characters are refused before tokenising (%d tokens x %d characters per token)",
                  ctx.body_limits.max_prompt_chars, max_len - 1, ctx.body_limits.chars_per_token)
+    return ctx
 
+
+def _lifespan(engine: EngineClient, ctx: ServerContext):
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         engine.start()
@@ -84,10 +107,11 @@ def create_app(engine: ServingEngine, served_model_name: str | None = None, api_
             ctx.admission.closed = True
             await asyncio.to_thread(engine.shutdown)
 
-    app = FastAPI(title="flashlane", summary="OpenAI-compatible server for flashlane models",
-                  lifespan=lifespan)
-    app.state.ctx = ctx
-    install_error_handlers(app)
+    return lifespan
+
+
+def _add_status_routes(app: FastAPI, engine: EngineClient, info, name: str, ctx: ServerContext):
+    """/health (GET and HEAD), /v1/models and /metrics."""
 
     @app.get("/health", responses={503: {"model": ErrorResponse}})
     async def health():
@@ -119,10 +143,8 @@ def create_app(engine: ServingEngine, served_model_name: str | None = None, api_
             pass
         return Response(ctx.metrics.render(dict(last_snapshot)), media_type=CONTENT_TYPE)
 
-    app.include_router(debug_steps_router(engine, _ERRORS))
-    app.include_router(profile_router(engine, profile_dir, _ERRORS))
-    app.include_router(tokenize_router(ctx, _ERRORS))
 
+def _generation_router(ctx: ServerContext) -> APIRouter:
     # generation bodies are read by GuardedRoute: bounded before validation, large ones off the loop
     generation = APIRouter(route_class=GuardedRoute)
 
@@ -135,8 +157,11 @@ def create_app(engine: ServingEngine, served_model_name: str | None = None, api_
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await create_chat_completion(ctx, body, request)
 
-    app.include_router(generation)
+    return generation
 
+
+def _add_middleware(app: FastAPI, engine: EngineClient, ctx: ServerContext, api_key: str | None,
+                    max_body_bytes: int):
     # outermost last: count every status, answer requests cancelled at shutdown, then check the
     # key, then the body size, then give memory back after large bodies, then add Retry-After to
     # 503s while the engine restarts, then route HEAD as GET
@@ -147,4 +172,3 @@ def create_app(engine: ServingEngine, served_model_name: str | None = None, api_
     app.add_middleware(RequireApiKey, api_key=api_key)
     app.add_middleware(AnswerCancelledAtShutdown, admission=ctx.admission)  # see shutdown.py
     app.add_middleware(CountStatus, metrics=ctx.metrics)
-    return app

@@ -17,11 +17,12 @@ from fastapi.responses import JSONResponse, Response
 
 from ..engine.outputs import RequestOutput
 from .chat import render_chat
-from .context import ServerContext
 from .errors import bad_request
+from .handler_context import ServerContext
 from .jobs import Job, run_jobs
-from .logprobs import TokenText, chat_logprobs, new_entries
+from .logprobs import TokenText, chat_logprobs
 from .protocol import ChatCompletionRequest
+from .request_params import prompt_ids, sampling_params
 from .serving import Finished, check_stream_not_aborted, generate, stream_error, usage
 from .streaming import DONE, sse
 from .tools import ParsedDelta, ToolPlan, call_format, parse_whole, plan_tools
@@ -38,7 +39,7 @@ async def build_jobs(ctx: ServerContext, body: ChatCompletionRequest) -> tuple[l
     # a long conversation is rendered off the event loop (its size is bounded by the body check)
     text = (render_chat(ctx.tokenizer, body.messages, plan.tools) if len(body.messages) <= RENDER_INLINE_MESSAGES
             else await asyncio.to_thread(render_chat, ctx.tokenizer, body.messages, plan.tools))
-    prompt = await ctx.prompt_ids(text, "messages")
+    prompt = await prompt_ids(ctx, text, "messages")
     top = body.top_logprobs or 0
     logprobs = top if body.logprobs else None
     max_tokens = body.max_completion_tokens or body.max_tokens  # None: the rest of the context
@@ -46,7 +47,7 @@ async def build_jobs(ctx: ServerContext, body: ChatCompletionRequest) -> tuple[l
     jobs = []
     for i in range(body.n):
         seed = None if body.seed is None else body.seed + i
-        params = ctx.sampling_params(body, len(prompt), max_tokens, logprobs, seed)
+        params = sampling_params(ctx, body, len(prompt), max_tokens, logprobs, seed)
         if structured is not None:
             if params.structured is not None:
                 raise bad_request(f"tool_choice '{plan.choice}' decodes the calls under a grammar of their own; "
@@ -90,12 +91,13 @@ async def create_chat_completion(ctx: ServerContext, body: ChatCompletionRequest
     return JSONResponse({
         "id": rid, "object": "chat.completion", "created": int(time.time()), "model": ctx.served_model_name,
         "choices": choices,
-        "usage": usage(prompt_lens, sum(len(o.token_ids) for o in finals), finals[0].num_cached_tokens),
+        "usage": usage(prompt_lens, sum(o.num_output_tokens for o in finals), finals[0].num_cached_tokens),
     })
 
 
 class _ChoiceStream:
-    """One choice's deltas: its text through the tool parser, the role on its first chunk."""
+    """One choice's deltas (its outputs hold only what is new): its text through the tool parser,
+    the role on its first chunk."""
 
     def __init__(self, plan: ToolPlan, fmt: str) -> None:
         self.parser = plan.parser(fmt)
@@ -105,9 +107,9 @@ class _ChoiceStream:
     def delta(self, out: RequestOutput, must_send: bool) -> dict | None:
         """This output's delta; None when it has nothing to send (and ``must_send`` is false)."""
         if self.parser is None:
-            d = {"content": out.delta_text} if out.delta_text or out.delta_token_ids or must_send else None
+            d = {"content": out.text} if out.text or out.token_ids or must_send else None
         else:
-            parsed = self.parser.feed(out.delta_text)
+            parsed = self.parser.feed(out.text)
             if out.finished:
                 parsed.extend(self.parser.finish())
             self.called = self.called or bool(parsed.calls)
@@ -148,11 +150,10 @@ async def _stream(ctx: ServerContext, rid: str, body: ChatCompletionRequest, job
         async with aclosing(run_jobs(ctx.engine, rid, jobs, ctx.metrics)) as outs:
             async for job, out in outs:
                 check_stream_not_aborted(ctx, rid, out)
-                produced[job.index] = len(out.token_ids)
+                produced[job.index] = out.num_output_tokens
                 lp = None
-                if body.logprobs:
-                    toks, entries = new_entries(out)
-                    lp = chat_logprobs(text_of, toks, entries, top) if toks else None
+                if body.logprobs and out.token_ids:
+                    lp = chat_logprobs(text_of, out.token_ids, out.logprobs, top)
                 choice = choices[job.index]
                 delta = choice.delta(out, must_send=out.finished or lp is not None)
                 if delta is None:

@@ -16,11 +16,12 @@ from contextlib import aclosing
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from .context import ServerContext
 from .errors import bad_request
+from .handler_context import ServerContext
 from .jobs import Job, run_jobs
-from .logprobs import TokenText, completion_logprobs, new_entries, prompt_logprobs
+from .logprobs import TokenText, completion_logprobs, prompt_logprobs
 from .protocol import CompletionRequest
+from .request_params import prompts_ids, sampling_params
 from .serving import Finished, check_stream_not_aborted, generate, stream_error, usage
 from .streaming import DONE, sse
 
@@ -67,14 +68,14 @@ async def build_jobs(ctx: ServerContext, body: CompletionRequest) -> tuple[list[
     _check(body)
     prompts = _prompts(body.prompt)
     ctx.check_seqs(len(prompts) * body.n, "prompt" if len(prompts) > 1 else "n")  # before any tokenising
-    ids = await ctx.prompts_ids(prompts, "prompt")
+    ids = await prompts_ids(ctx, prompts, "prompt")
     max_tokens = 1 if _scores_only(body) else body.max_tokens   # the one token is dropped
     prompt_k = _engine_prompt_logprobs(ctx, body)
     jobs = []
     for pi, p in enumerate(ids):
         for i in range(body.n):
             seed = None if body.seed is None else body.seed + i
-            params = ctx.sampling_params(body, len(p), max_tokens, body.logprobs, seed, default_max_tokens=16)
+            params = sampling_params(ctx, body, len(p), max_tokens, body.logprobs, seed, default_max_tokens=16)
             if prompt_k is not None:
                 params = dataclasses.replace(params, prompt_logprobs=prompt_k)
             jobs.append(Job(len(jobs), pi, p, params))
@@ -103,7 +104,8 @@ class _Echo:
 
 
 def _prompt_part(job: Job, out) -> tuple[list[int], list]:
-    """The prompt's tokens and their engine logprob entries (None for the first token)."""
+    """The prompt's tokens and their engine logprob entries (None for the first token): on a
+    final output, or the first output of a stream."""
     return list(job.prompt_ids), list(out.prompt_logprobs)
 
 
@@ -117,7 +119,7 @@ async def create_completion(ctx: ServerContext, body: CompletionRequest, request
     scores_only = _scores_only(body)
     choices = []
     for job, out in zip(jobs, finals):
-        text, token_ids, entries = out.text, list(out.token_ids), list(out.logprobs or [])
+        text, token_ids, entries = out.text, out.token_ids, out.logprobs or []
         finish_reason, stop_reason = out.finish_reason, out.stop_reason
         if scores_only:
             text, token_ids, entries, finish_reason, stop_reason = "", [], [], "length", None
@@ -139,7 +141,7 @@ async def create_completion(ctx: ServerContext, body: CompletionRequest, request
             choice["token_ids"] = token_ids
         choices.append(choice)
     cached = sum(o.num_cached_tokens for j, o in zip(jobs, finals) if j.index % body.n == 0)
-    completion_tokens = 0 if scores_only else sum(len(o.token_ids) for o in finals)
+    completion_tokens = 0 if scores_only else sum(o.num_output_tokens for o in finals)
     return JSONResponse({
         "id": rid, "object": "text_completion", "created": int(time.time()), "model": ctx.served_model_name,
         "choices": choices, "usage": usage(prompt_lens, completion_tokens, cached),
@@ -163,17 +165,16 @@ async def _stream(ctx: ServerContext, rid: str, body: CompletionRequest, jobs: l
         async with aclosing(run_jobs(ctx.engine, rid, jobs, ctx.metrics)) as outs:
             async for job, out in outs:
                 check_stream_not_aborted(ctx, rid, out)
-                text, toks, entries = out.delta_text, list(out.delta_token_ids), None
-                if body.logprobs is not None:
-                    toks, entries = new_entries(out)
-                    toks = list(toks)
+                # the job's params ask for deltas: the text, tokens and logprobs this output adds
+                text, toks = out.text, out.token_ids
+                entries = out.logprobs if body.logprobs is not None else None
                 finish_reason = out.finish_reason if out.finished else None
                 stop_reason = out.stop_reason if out.finished else None
                 if scores_only:   # the one generated token is dropped
                     text, toks, entries = "", [], ([] if entries is not None else None)
                     finish_reason, stop_reason = ("length" if out.finished else None), None
                 else:
-                    produced[job.index] = len(out.token_ids)
+                    produced[job.index] = out.num_output_tokens
                 ids = toks if want_ids else None
                 lp_tokens, lp_entries = toks, entries
                 # the first chunk of each choice carries its prompt (as vLLM streams echo)

@@ -16,11 +16,11 @@ import time
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 
-from ..engine.serving_engine import ServingEngine
+from ..engine.client import EngineClient
 from .serving import engine_errors
 
 
-def debug_steps_router(engine: ServingEngine, responses: dict) -> APIRouter:
+def debug_steps_router(engine: EngineClient, responses: dict) -> APIRouter:
     router = APIRouter()
 
     @router.get("/debug/steps", responses=responses)

@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..engine.request_check import InvalidRequest
 from .protocol import MAX_STOP
 
 log = logging.getLogger("flashlane.server")
@@ -84,6 +85,11 @@ def error_response(status: int, message: str, param: str | None = None, code: st
 
 def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param)
+
+
+def invalid_request(exc: InvalidRequest) -> APIError:
+    """The engine's refusal of a request (``engine.request_check``) as its 400, param and code kept."""
+    return APIError(400, exc.message, exc.param, exc.code)
 
 
 def _is_type_tag(part) -> bool:

@@ -1,7 +1,10 @@
 """One HTTP request becomes one engine request per (prompt, choice); their outputs are merged
 into a single stream of ``(job, RequestOutput)``. Many jobs are submitted to the engine together
 (``generate_many``). Closing the stream aborts every unfinished engine request (their pages and
-state slots are freed by the engine at once)."""
+state slots are freed by the engine at once).
+
+What each output holds is the job's ``params.output_kind``: a stream's jobs ask for deltas (each
+output the new text, tokens and logprobs), any other request's for its final output only."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import AsyncIterator
 
+from ..engine.client import EngineClient
 from ..engine.outputs import RequestOutput
 from ..engine.sampling_params import SamplingParams
 
@@ -27,7 +31,7 @@ def _observe(metrics, out: RequestOutput) -> None:
         metrics.observe_finished(out.metrics)
 
 
-async def run_jobs(engine, request_id: str, jobs: list[Job], metrics) -> AsyncIterator[tuple[Job, RequestOutput]]:
+async def run_jobs(engine: EngineClient, request_id: str, jobs: list[Job], metrics) -> AsyncIterator[tuple[Job, RequestOutput]]:
     if len(jobs) == 1:
         job = jobs[0]
         async with aclosing(engine.generate(f"{request_id}-0", job.prompt_ids, job.params)) as outs:
@@ -44,8 +48,9 @@ async def run_jobs(engine, request_id: str, jobs: list[Job], metrics) -> AsyncIt
             yield jobs[i], out
 
 
-async def collect(engine, request_id: str, jobs: list[Job], metrics) -> list[RequestOutput]:
-    """The final output of every job, in job order."""
+async def collect(engine: EngineClient, request_id: str, jobs: list[Job], metrics) -> list[RequestOutput]:
+    """The final output of every job, in job order (jobs whose params ask for ``FINAL_ONLY``
+    get nothing else)."""
     finals: list[RequestOutput | None] = [None] * len(jobs)
     async with aclosing(run_jobs(engine, request_id, jobs, metrics)) as outs:
         async for job, out in outs:

@@ -84,11 +84,3 @@ def chat_logprobs(text_of: TokenText, token_ids: list[int], entries: list[dict[i
         })
     return {"content": content}
 
-
-def new_entries(out) -> tuple[list[int], list[dict[int, float]]]:
-    """The tokens this output added and their logprob entries. The engine's logprobs list grows
-    as it steps, so it is indexed by position, never taken whole."""
-    n = len(out.token_ids)
-    start = n - len(out.delta_token_ids)
-    entries = (out.logprobs or [])[start:n]
-    return out.token_ids[start:n], entries

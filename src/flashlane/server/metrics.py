@@ -79,10 +79,10 @@ class _EngineCollector:
             c.add_metric([name], float(value))
             return c
 
-        if "engine_state" in s:   # a supervised engine process (EngineCoreSupervisor)
-            states = GaugeMetricFamily("flashlane:engine_state", "The engine process's state: 1 for the current "
-                                       "one of running, restarting (died, another is starting) and dead (the "
-                                       "restart limit was reached), 0 for the others",
+        if "engine_state" in s:   # EngineClient.stats_snapshot adds it to the engine's own numbers
+            states = GaugeMetricFamily("flashlane:engine_state", "The engine's state: 1 for the current one of "
+                                       "running, restarting (its process died, another is starting) and dead "
+                                       "(stopped for good), 0 for the others",
                                        labels=["model_name", "state"])
             for state in ("running", "restarting", "dead"):
                 states.add_metric([name, state], float(s["engine_state"] == state))

@@ -16,12 +16,12 @@ from pathlib import Path
 
 from fastapi import APIRouter
 
-from ..engine.serving_engine import ServingEngine
+from ..engine.client import EngineClient
 from .errors import APIError
 from .serving import engine_errors
 
 
-def profile_router(engine: ServingEngine, profile_dir: str | None, responses: dict) -> APIRouter:
+def profile_router(engine: EngineClient, profile_dir: str | None, responses: dict) -> APIRouter:
     router = APIRouter()
     directory = None if profile_dir is None else Path(profile_dir)
     window = {"open": False}

@@ -1,23 +1,23 @@
 """``Retry-After`` on every 503 answered while the engine process restarts: the requests its
 death failed, those refused meanwhile, and /health. It says about when the engine serves again
-(``EngineCoreSupervisor.retry_after``), so clients wait instead of retrying at once or giving
+(``EngineClient.retry_after``, from the process transport), so clients wait instead of retrying at once or giving
 up. A dead engine that will not restart gets none: retrying would not help."""
 
 from __future__ import annotations
 
-from ..engine.serving_engine import ServingEngine
+from ..engine.client import EngineClient
 
 
-def retry_after(engine: ServingEngine) -> int | None:
+def retry_after(engine: EngineClient) -> int | None:
     """Seconds a client should wait, or None when waiting would not help."""
-    # only a supervised engine process restarts, and it has retry_after
+    # only a supervised engine process restarts
     return engine.retry_after if engine.state == "restarting" else None
 
 
 class RetryAfterWhileRestarting:
     """Plain ASGI middleware adding ``Retry-After`` to 503s that have none."""
 
-    def __init__(self, app, engine: ServingEngine):
+    def __init__(self, app, engine: EngineClient):
         self.app, self.engine = app, engine
 
     async def __call__(self, scope, receive, send):

@@ -9,11 +9,12 @@ from dataclasses import dataclass
 
 from fastapi.responses import Response
 
-from ..engine.async_engine import EngineDeadError
+from ..engine.errors import EngineDeadError
 from ..engine.outputs import RequestOutput
+from ..engine.request_check import InvalidRequest
 from .disconnect import ClientDisconnected, EventStream, cancel_on_disconnect
 from . import refused_fields
-from .errors import APIError, bad_request, error_body
+from .errors import APIError, bad_request, error_body, invalid_request
 from .jobs import Job, collect
 from .shutdown import SHUTTING_DOWN
 from .streaming import DONE, sse
@@ -30,13 +31,17 @@ def engine_errors():
         raise
     except EngineDeadError as exc:
         raise APIError(503, f"the engine is not running: {exc}") from exc
-    except ValueError as exc:  # the engine rejected the request itself
+    except InvalidRequest as exc:  # the engine refused the request itself
+        raise invalid_request(exc) from exc
+    except ValueError as exc:
         raise APIError(400, str(exc)) from exc
 
 
 def stream_error(exc: Exception) -> str:
     """An error that happens after the 200 and the first events went out: one error event,
     then [DONE] (the status can no longer change)."""
+    if isinstance(exc, InvalidRequest):
+        exc = invalid_request(exc)
     if isinstance(exc, APIError):
         body = error_body(exc.status, exc.message, exc.param, exc.code)
     elif isinstance(exc, EngineDeadError):

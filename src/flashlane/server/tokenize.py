@@ -12,8 +12,8 @@ from fastapi import APIRouter
 from pydantic import Field
 
 from .chat import message_dicts, render_chat
-from .context import OFFLOAD_CHARS, ServerContext
 from .errors import bad_request
+from .handler_context import OFFLOAD_CHARS, ServerContext
 from .protocol import ChatMessage, TokenId, _Strict
 
 RENDER_INLINE_MESSAGES = 64

@@ -30,6 +30,11 @@ class DiskLoader:
     def submit(self, job: object) -> None:
         self._jobs.put(job)
 
+    @property
+    def busy_since(self) -> float | None:
+        """When the job in hand started (None: idle)."""
+        return self._busy_since
+
     def stuck(self, deadline_s: float, now: float) -> bool:
         """True when the job in hand has run longer than ``deadline_s``."""
         since = self._busy_since

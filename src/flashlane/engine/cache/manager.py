@@ -10,6 +10,10 @@ last full page of the prompt, at every page-aligned prefill chunk end, where a l
 match ran past its last checkpoint (so the next request with that prefix hits there), and at
 the latest page boundary of the output (kept rolling: a request keeps only its newest one).
 A request that asks for prompt logprobs does not read the cache (``scores_prompt``).
+
+What a request holds (block table, state slot, block keys, checkpoint stops, its rolling
+checkpoint, staged lower-tier entries) lives here, in a ``Holding`` per request id; the request
+itself is written by the scheduler alone, from what ``admit`` returns.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from ...cache_spec import CacheSpec
 from .allocator import FreeList
 from .block_hash import extend_keys, root_key
 from .checkpoints import CheckpointPool
+from .holdings import Admission, Holding
 from .page_pool import PagePool
 from .pools import allocate_pools, dtype_name
 from .snapshots import StateSnapshots
@@ -141,21 +146,42 @@ class CacheManager:
                                           on_evict=self._offload_checkpoint)
         self.counters = {"queries": 0, "hits": 0, "hits_pool": 0, "hits_host": 0, "hits_disk": 0,
                          "checkpoint_restores": 0}
+        self._holdings: dict[str, Holding] = {}
 
     @property
     def page_size(self) -> int:
         return self.spec.page_size
 
+    # ---- what a request holds --------------------------------------------------------------------
+    def _held(self, req) -> Holding:
+        return self._holdings[req.request_id]
+
+    def block_table(self, req) -> list[int]:
+        """The pool pages of ``req``'s tokens, in order (empty when it holds none)."""
+        held = self._holdings.get(req.request_id)
+        return held.block_table if held is not None else []
+
+    def state_slot(self, req) -> int:
+        """The state row of ``req`` (0: none)."""
+        held = self._holdings.get(req.request_id)
+        return held.state_slot if held is not None else 0
+
+    def checkpoint_stops(self, req) -> list[int]:
+        """Positions where the prefill of ``req`` pauses so a checkpoint is taken (set by ``match``)."""
+        return self._held(req).checkpoint_stops
+
     # ---- keys and lookup -------------------------------------------------------------------------
     def block_keys(self, req, num_pages: int) -> list[bytes]:
-        extend_keys(req.block_keys, req.all_token_ids[: num_pages * self.page_size], self.page_size, self._root)
-        return req.block_keys[:num_pages]
+        keys = self._held(req).block_keys
+        extend_keys(keys, req.all_token_ids[: num_pages * self.page_size], self.page_size, self._root)
+        return keys[:num_pages]
 
     def match(self, req) -> PrefixMatch:
         """The longest reusable prefix of a waiting ``req`` (always leaving its last token to
         compute); also sets where its prefill will pause for checkpoints."""
+        held = self._holdings.setdefault(req.request_id, Holding())
         found = self._lookup(req)
-        req.checkpoint_stops = self._checkpoint_stops(req, found)
+        held.checkpoint_stops = self._checkpoint_stops(req, found)
         return found
 
     def _lookup(self, req) -> PrefixMatch:
@@ -189,7 +215,7 @@ class CacheManager:
         return found
 
     def _tier_of(self, kind: str, key: bytes, req) -> str | None:
-        if (kind, key) in req.staged:
+        if (kind, key) in self._held(req).staged:
             return "disk"
         return self.tiers.tier_of(kind, key) if self.tiers else None
 
@@ -200,19 +226,20 @@ class CacheManager:
         wanted = [("page", k) for k, tier, _ in match.pages if tier == "disk"]
         if match.checkpoint and match.checkpoint[1] == "disk":
             wanted.append(("checkpoint", match.checkpoint[0]))
-        missing = [w for w in wanted if w not in req.staged]
+        staged = self._held(req).staged
+        missing = [w for w in wanted if w not in staged]
         if not missing:
             return False
-        self.tiers.prefetch(missing, req.staged)
+        self.tiers.prefetch(missing, staged)
         return True
 
     # ---- admission -------------------------------------------------------------------------------
     def pages_needed(self, req, num_tokens: int) -> int:
         """Extra pages ``req`` needs to hold ``num_tokens`` tokens in total."""
-        return max(0, -(-num_tokens // self.page_size) - len(req.pages))
+        return max(0, -(-num_tokens // self.page_size) - len(self._held(req).block_table))
 
     def can_admit(self, req, num_tokens: int, match: PrefixMatch | None = None) -> bool:
-        if self.stateful and req.slot == 0 and self.slots.num_free == 0:
+        if self.stateful and self._held(req).state_slot == 0 and self.slots.num_free == 0:
             return False
         if match is None or not match.pages:
             return self.pages_needed(req, num_tokens) <= self.pages.num_free
@@ -221,9 +248,11 @@ class CacheManager:
         reclaimable = self.pages.num_free - sum(1 for p in hit_pool if self.pages.is_evictable(p))
         return need <= reclaimable
 
-    def admit(self, req, match: PrefixMatch, num_tokens: int) -> None:
+    def admit(self, req, match: PrefixMatch, num_tokens: int) -> Admission:
         """Give a waiting request its hit pages (loading lower-tier ones), restore the hit's
-        checkpoint into its slot, then grow it to ``num_tokens``."""
+        checkpoint into its slot, then grow it to ``num_tokens``. Returns where its computation
+        starts and, at its first admission, how many prompt tokens the cache supplied."""
+        held = self._held(req)
         # read lower-tier data first: allocating pool pages below may push host entries out
         loads = {key: self._tier_data("page", key, tier, req) for key, tier, _ in match.pages if tier != "pool"}
         ckpt = None
@@ -238,29 +267,30 @@ class CacheManager:
                 self.pages.register(page, key, parent)
             table.append(page)
             parent = key
-        req.pages = table
-        self._take_slot(req)
+        held.block_table = table
+        self._take_slot(held)
         if match.checkpoint is not None:
             key, tier = match.checkpoint
             if tier == "pool":
-                self.checkpoints.restore(key, req.slot)
+                self.checkpoints.restore(key, held.state_slot)
             else:
-                self.snapshots.load(ckpt, req.slot)
+                self.snapshots.load(ckpt, held.state_slot)
                 self.checkpoints.store(key, ckpt)
             self.counters["checkpoint_restores"] += 1
-        req.staged.clear()
-        req.num_computed_tokens = match.num_tokens
+        held.staged.clear()
+        cached = None
         if req.num_cached_tokens is None:
-            req.num_cached_tokens = min(match.num_tokens, req.num_prompt_tokens)
+            cached = min(match.num_tokens, req.num_prompt_tokens)
             if not scores_prompt(req):   # a request that never looked is no query
-                self._count_query(req, match)
+                self._count_query(req, match, cached)
         self.grow(req, num_tokens)
+        return Admission(match.num_tokens, cached)
 
-    def _count_query(self, req, match: PrefixMatch) -> None:
+    def _count_query(self, req, match: PrefixMatch, cached: int) -> None:
         c = self.counters
         c["queries"] += req.num_prompt_tokens
-        c["hits"] += req.num_cached_tokens
-        for _, tier, _ in match.pages[: req.num_cached_tokens // self.page_size]:
+        c["hits"] += cached
+        for _, tier, _ in match.pages[: cached // self.page_size]:
             c[f"hits_{tier}"] += self.page_size
 
     def _checkpoint_stops(self, req, match: PrefixMatch) -> list[int]:
@@ -271,27 +301,40 @@ class CacheManager:
         stops = {last_full, match.page_match_tokens}
         return sorted(s for s in stops if match.num_tokens < s < req.num_tokens)
 
-    def _take_slot(self, req) -> None:
-        if self.stateful and req.slot == 0:
-            req.slot = self.slots.allocate(1)[0]
-            self.snapshots.clear(req.slot)
+    def _take_slot(self, held: Holding) -> None:
+        if self.stateful and held.state_slot == 0:
+            held.state_slot = self.slots.allocate(1)[0]
+            self.snapshots.clear(held.state_slot)
 
     def grow(self, req, num_tokens: int) -> None:
         """Give ``req`` a state slot (if the model keeps state) and pages for ``num_tokens``."""
-        self._take_slot(req)
-        req.pages.extend(self.pages.allocate(self.pages_needed(req, num_tokens)))
+        held = self._held(req)
+        self._take_slot(held)
+        held.block_table.extend(self.pages.allocate(self.pages_needed(req, num_tokens)))
 
     def release(self, req) -> None:
-        """Drop the references of ``req`` (finish, abort, preemption): private pages are freed,
-        registered full pages stay cached until their space is needed."""
-        if req.pages:
-            self.pages.release(req.pages)
-            req.pages = []
-        if req.slot:
-            self.snapshots.clear(req.slot)
-            self.slots.free([req.slot])
-            req.slot = 0
-        req.staged.clear()
+        """``req`` is done (finished or aborted): give back what it holds and forget its holding."""
+        held = self._holdings.pop(req.request_id, None)
+        if held is not None:
+            self._give_back(held)
+
+    def preempt(self, req) -> None:
+        """``req`` is preempted by recompute: give back its pages and slot, but keep its block
+        keys and rolling checkpoint for when it is admitted again."""
+        held = self._holdings.get(req.request_id)
+        if held is not None:
+            self._give_back(held)
+
+    def _give_back(self, held: Holding) -> None:
+        """Private pages are freed; registered full pages stay cached until their space is needed."""
+        if held.block_table:
+            self.pages.release(held.block_table)
+            held.block_table = []
+        if held.state_slot:
+            self.snapshots.clear(held.state_slot)
+            self.slots.free([held.state_slot])
+            held.state_slot = 0
+        held.staged.clear()
 
     # ---- after a step ----------------------------------------------------------------------------
     def commit(self, req, computed_before: int, prefill: bool) -> None:
@@ -299,24 +342,25 @@ class CacheManager:
         pages and take the checkpoints due at this position."""
         if not self.prefix_caching:
             return
+        held = self._held(req)
         done = req.num_computed_tokens
         full = done // self.page_size
         first = computed_before // self.page_size
         if full > first:
             keys = self.block_keys(req, full)
             for i in range(first, full):
-                self.pages.register(req.pages[i], keys[i], keys[i - 1] if i else None)
+                self.pages.register(held.block_table[i], keys[i], keys[i - 1] if i else None)
         if not (self.stateful and done % self.page_size == 0 and full > first):
             return
         key = self.block_keys(req, full)[-1]
         if prefill:
-            self.checkpoints.save(key, req.slot)
+            self.checkpoints.save(key, held.state_slot)
             return
         # decode: keep only the newest boundary of this request's output
-        if req.rolling_checkpoint is not None and req.rolling_checkpoint != key:
-            self.checkpoints.drop(req.rolling_checkpoint)
-        if self.checkpoints.save(key, req.slot):
-            req.rolling_checkpoint = key
+        if held.rolling_checkpoint is not None and held.rolling_checkpoint != key:
+            self.checkpoints.drop(held.rolling_checkpoint)
+        if self.checkpoints.save(key, held.state_slot):
+            held.rolling_checkpoint = key
 
     # ---- tiers -----------------------------------------------------------------------------------
     def export_page(self, page: int) -> dict[str, torch.Tensor]:
@@ -333,7 +377,7 @@ class CacheManager:
                 self.tensors.pools[p.name][:, page * p.per_unit:(page + 1) * p.per_unit].copy_(data[p.name])
 
     def _tier_data(self, kind: str, key: bytes, tier: str, req) -> dict[str, torch.Tensor]:
-        return req.staged[(kind, key)] if tier == "disk" else self.tiers.get(kind, key)
+        return self._held(req).staged[(kind, key)] if tier == "disk" else self.tiers.get(kind, key)
 
     def _offload_page(self, key: bytes, page: int) -> bool:
         if self.tiers is None:

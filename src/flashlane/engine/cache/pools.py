@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...cache_spec import CacheSpec
-from ...models.forward_batch import CacheTensors
+from ...models.cache_tensors import CacheTensors
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.int8}
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ...models.forward_batch import CacheTensors
+from ...models.cache_tensors import CacheTensors
 
 
 class StateSnapshots:

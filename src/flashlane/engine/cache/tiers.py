@@ -164,7 +164,9 @@ class CacheTiers:
     def expire_loads(self) -> None:
         """Give up loads in flight past the deadline: their keys are forgotten, so the next lookup
         stops at them and the request recomputes that part. A loader stuck in a read is replaced
-        first (the loads queued behind it move to the fresh one and restart their clock)."""
+        first (the loads queued behind it move to the fresh one and restart their clock); a load
+        still queued is given up only when it waited the deadline since the loader took its
+        current job."""
         if not self._in_flight:
             return
         now, deadline = time.monotonic(), self.load_timeout_s
@@ -174,8 +176,13 @@ class CacheTiers:
                 for load in self._in_flight.values():
                     if not load.started:
                         load.since = now
+        # a queued load waits for the job in hand: its clock runs from when that job started at the
+        # earliest, so loads queued behind a read that turns out stuck are not given up before it
+        busy_since = self._loader.busy_since if self._loader is not None else None
         with self._lock:
-            expired = [load for load in self._in_flight.values() if now - load.since > deadline]
+            expired = [load for load in self._in_flight.values()
+                       if now - (load.since if load.started or busy_since is None else max(load.since, busy_since))
+                       > deadline]
             for load in expired:
                 del self._in_flight[load.key]
                 self._counts["disk_load_timeouts"] += 1
