@@ -15,14 +15,18 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # The torch-free leaves everyone may read: one config parser, one cache layout, the preset
 # registry (names, configs, the tiny tokenizer; no model code: models write preset weights).
 BASE = {"flashlane.config", "flashlane.cache_spec", "flashlane.presets"}
+# torch-level tools that are not kernels: the profilers' named ranges and the machine description
+# every measurement records (it reads the kernels' CPU capability detection)
+RUNTIME = {"flashlane.trace_ranges", "flashlane.machine"}
 # layer -> the layers it may import. `root` is the package itself, which re-exports the engine's
 # LLM / SamplingParams lazily; importing its plain attributes (``__version__``) is no edge.
 ALLOWED = {
     "base": {"base"},
     "kernels": {"base", "kernels"},
-    "models": {"base", "kernels", "models"},
-    "engine": {"base", "kernels", "models", "engine"},
-    "server": {"base", "kernels", "models", "engine", "server"},
+    "runtime": {"base", "kernels", "runtime"},
+    "models": {"base", "kernels", "runtime", "models"},
+    "engine": {"base", "kernels", "runtime", "models", "engine"},
+    "server": {"base", "kernels", "runtime", "models", "engine", "server"},
     # bench speaks HTTP to any server: nothing of engine, models, server, kernels or presets
     # (a preset name is resolved by the caller and handed over as a path).
     "bench": {"bench", "flashlane.config", "flashlane.cache_spec"},
@@ -30,15 +34,15 @@ ALLOWED = {
     # no flashlane module), so `flashlane analyze tiny-flash` works without any model code.
     "analyze": {"analyze", "flashlane.config", "flashlane.cache_spec", "flashlane.presets"},
     # evaluate drives the offline engine (accuracy, speed and memory of its options)
-    "evaluate": {"base", "kernels", "models", "engine", "evaluate"},
+    "evaluate": {"base", "kernels", "runtime", "models", "engine", "evaluate"},
     # compress calibrates models in plain torch (the engine's cache pools) and writes checkpoints
-    "compress": {"base", "kernels", "models", "engine", "compress"},
+    "compress": {"base", "kernels", "runtime", "models", "engine", "compress"},
     # tune starts servers as processes and measures them with the bench (HTTP only); the results
     # store is plain SQLite and imports nothing else of flashlane
     "tune": {"tune", "bench", "results", "flashlane.config", "flashlane.cache_spec"},
     "results": {"results"},
-    "cli": {"base", "kernels", "models", "engine", "server", "bench", "analyze", "evaluate", "tune", "results", "compress", "cli", "root"},
-    "root": {"base", "kernels", "models", "engine", "server", "bench", "analyze", "evaluate", "tune", "results", "compress", "cli", "root"},
+    "cli": {"base", "kernels", "runtime", "models", "engine", "server", "bench", "analyze", "evaluate", "tune", "results", "compress", "cli", "root"},
+    "root": {"base", "kernels", "runtime", "models", "engine", "server", "bench", "analyze", "evaluate", "tune", "results", "compress", "cli", "root"},
 }
 
 
@@ -98,6 +102,8 @@ def import_graph(src: Path, package: str = "flashlane") -> dict[str, set[str]]:
 def layer(module: str) -> str:
     if module in BASE:
         return "base"
+    if module in RUNTIME:
+        return "runtime"
     parts = module.split(".")
     if len(parts) == 1:
         return "root"
