@@ -101,7 +101,7 @@ def test_a_finished_request_id_comes_back_with_a_fresh_holding():
     first = Request("r", list(range(3, 43)), SamplingParams(max_tokens=8))
     s.add(first)
     out = s.schedule(now=0.0)
-    s.update_from_output(out, [SeqResult() for _ in out.seqs], 0.0)   # registers its 2 full pages
+    s.update_from_output(out, [SeqResult() for _ in out.seqs])   # registers its 2 full pages
     s.remove(first)
     assert s.cache.block_table(first) == [] and s.cache.pages.num_used == 0
 

@@ -62,7 +62,6 @@ class LLMEngine:
         self._num_steps = 0
         self.counters: Counter = Counter()
         self.finish_reasons: Counter = Counter()
-        self._started: set[str] = set()    # requests whose first delta went out
         self.info = self._engine_info(spec, plan, max_running, loaded_here)
         log.info(self.describe_weights())
         log.info(self.describe_cache())
@@ -232,7 +231,7 @@ class LLMEngine:
         req = self.requests.get(request_id)
         if req is None or req.finished:
             return None
-        self.scheduler.finish(req, reason, None, time.monotonic())
+        self.scheduler.finish(req, reason, None)
         return self._retire(req, self._delta(req, 0, time.monotonic()))
 
     def has_unfinished(self) -> bool:
@@ -258,7 +257,7 @@ class LLMEngine:
         model_start = time.monotonic()
         results = self.runner.run(sched)
         now = time.monotonic()
-        progress = self.scheduler.update_from_output(sched, results, now)
+        progress = self.scheduler.update_from_output(sched, results)
         deltas = [self._delta(req, n, now) for req, n in progress.sampled]
         for d in deltas:
             if d.finished:
@@ -271,9 +270,7 @@ class LLMEngine:
 
     def _delta(self, req: Request, num_new: int, now: float) -> RequestDelta:
         """What ``req`` gained this step: its last ``num_new`` tokens (and the rest on its first)."""
-        first = req.request_id not in self._started
-        if first:
-            self._started.add(req.request_id)
+        first = len(req.output_token_ids) == num_new   # its first tokens, or an abort before any
         ids = req.output_token_ids[len(req.output_token_ids) - num_new:] if num_new else []
         logprobs = None if req.logprobs is None else req.logprobs[len(req.logprobs) - num_new:] if num_new else []
         return RequestDelta(
@@ -284,7 +281,6 @@ class LLMEngine:
 
     def _retire(self, req: Request, delta: RequestDelta) -> RequestDelta:
         self.finish_reasons[req.finish_reason] += 1
-        self._started.discard(req.request_id)
         del self.requests[req.request_id]
         return delta
 

@@ -181,10 +181,10 @@ class Scheduler:
         return out
 
     # ---- after a step ---------------------------------------------------------------------------
-    def update_from_output(self, sched: SchedulerOutput, results, now: float) -> StepProgress:
+    def update_from_output(self, sched: SchedulerOutput, results) -> StepProgress:
         """Advance every scheduled request past the tokens the step computed (their cache rows
-        are committed: full pages registered, checkpoints taken), append the tokens sampled at
-        ``now`` and finish the requests they end. ``results``: the runner's per-sequence results,
+        are committed: full pages registered, checkpoints taken), append the tokens sampled and
+        finish the requests they end. ``results``: the runner's per-sequence results,
         in ``sched.seqs`` order."""
         progress = StepProgress()
         for s, res in zip(sched.seqs, results):
@@ -202,29 +202,27 @@ class Scheduler:
             if res.prompt_logprob_rows is not None:
                 req.prompt_logprob_rows.append(res.prompt_logprob_rows)
             if res.token is not None:
-                self._append(req, res.token, res.logprobs, now)
+                self._append(req, res.token, res.logprobs)
                 progress.sampled.append((req, 1))
         return progress
 
-    def _append(self, req: Request, token: int, logprobs, now: float) -> None:
+    def _append(self, req: Request, token: int, logprobs) -> None:
         """``token`` joins ``req``'s output; a stop token, a complete structured output or the
         length limit finishes it (stop strings are the client's: they need text)."""
         req.output_token_ids.append(token)
         if req.logprobs is not None:
             req.logprobs.append(logprobs)
-        if req.metrics.first_token_time is None:
-            req.metrics.first_token_time = now
         if req.grammar is not None and not req.grammar.accept(token):  # the mask allowed it: a bug if seen
             log.error("request %s: token %d breaks its structured output: %s", req.request_id, token,
                       req.grammar.error)
         if token in req.stop_token_ids:
-            self.finish(req, "stop", token, now)
+            self.finish(req, "stop", token)
         elif req.grammar is not None and req.grammar.finished:
-            self.finish(req, "stop", None, now)
+            self.finish(req, "stop", None)
         elif len(req.output_token_ids) >= req.max_tokens:
-            self.finish(req, "length", None, now)
+            self.finish(req, "length", None)
 
-    def finish(self, req: Request, reason: str, stop_reason: int | None, now: float) -> None:
+    def finish(self, req: Request, reason: str, stop_reason: int | None) -> None:
         """End ``req`` (also an abort, ``reason`` "abort", or a client's stop string, "stop"):
         it leaves the queues and its cache holdings are released."""
         if req.status is not Status.FINISHED:
@@ -232,7 +230,6 @@ class Scheduler:
         req.status = Status.FINISHED
         req.finish_reason = reason
         req.stop_reason = stop_reason
-        req.metrics.finish_time = now
 
     def _hold_admission(self, now: float, budget: int) -> bool:
         if self.max_wait_s <= 0:
