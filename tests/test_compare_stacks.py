@@ -175,10 +175,29 @@ def test_compare_stacks_end_to_end_against_real_servers(tmp_path):
             assert json.loads((run / "machine_load.json").read_text())["n"] >= 0
             pids.append(s["telemetry"].get("server_pid"))
             point = res["points"][f"{stack}/{model}"][0]
-            assert point["predicted"]["task_s"] > 0 and point["measured"]["tasks"] == 2
-    assert any("analyze predicts" in x and "serving overhead" in x for x in res["explanation"])
+            assert point["measured"]["tasks"] == 2
+            # a prediction only from a calibration that ran on an idle machine with a small spread
+            if res["hardware_local"]["calibration"]["idle"]:
+                assert point["predicted"]["task_s"] > 0
+            else:
+                assert point["predicted"] is None and res["hardware_local"]["calibration"]["reasons"]
+            # two interleaved rounds of one task each, in ABBA order, with the engine's own time
+            assert [r["round"] for r in point["rounds"]] == [0, 1]
+            assert all(r["tasks"] == 1 and r["engine"]["busy_s"] > 0 for r in point["rounds"])
+            positions = [r["position"] for r in point["rounds"]]
+            assert positions == ([0, 3] if model == "tiny-flash" else [1, 2])
+            # the measured attribution tiles the task: its parts sum to the task time within 5%
+            part = point["attribution"]
+            assert part["forward_s"] > 0 and abs(part["sum_s"] - part["task_s"]) <= 0.05 * part["task_s"]
+    assert not any("serving overhead" in x for x in res["explanation"])
+    assert all(f["pairs"] and len(f["pairs"]) == 2 and f["engine"] and f["cpu"] for f in res["findings"])
+    assert res["conditions"]["tiny-flash"]["dtype"] == res["conditions"]["tiny-standard"]["dtype"]
+    assert not res["unequal_conditions"]
+    md = (out / "compare.md").read_text()
+    assert "Serving conditions: tiny-flash: dtype " in md and "## Where a task's time goes" in md
     html = (out / "report.html").read_text()
-    for text in ("Waterfall", "Per-run reports", f"href='{names[0]}/tiny-flash/c1/report.html'"):
+    for text in ("Waterfall at concurrency 1", "Per-run reports", f"<li><b>{names[0]}</b>",
+                 f"href='{names[0]}/tiny-flash/c1/round0/report.html'"):
         assert text in html
     for pid in filter(None, pids):
         try:

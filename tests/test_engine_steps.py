@@ -21,7 +21,8 @@ from server_harness import LiveServer
 
 
 def _rec(i: int, start: float, end: float, waiting: int = 0) -> StepRecord:
-    return StepRecord(step=i, start=start, end=end, start_monotonic=start, model_s=end - start, num_seqs=1,
+    return StepRecord(step=i, start=start, end=end, start_monotonic=start, model_s=end - start,
+                      sample_s=0.0, num_seqs=1,
                       num_tokens=1, prefill_tokens=0, decode_tokens=1, decode_seqs=1, num_running=1,
                       num_waiting=waiting, num_preempted=0, pages_used=1, slots_used=1, request_ids=("r",))
 
@@ -90,6 +91,7 @@ def test_engine_records_every_step():
     assert [s.step for s in steps] == list(range(1, len(steps) + 1))
     assert before <= steps[0].start and all(a.end <= b.start for a, b in zip(steps, steps[1:]))
     assert all(0 < s.model_s <= s.end - s.start for s in steps)
+    assert all(0 < s.sample_s < s.model_s for s in steps)  # sampling is timed inside the model run
     assert sum(s.prefill_tokens for s in steps) == sum(len(p) for p in prompts)
     assert sum(s.decode_tokens for s in steps) == sum(len(o.token_ids) - 1 for o in outs)
     assert all(s.num_tokens == s.prefill_tokens + s.decode_tokens and s.num_seqs == len(s.request_ids)

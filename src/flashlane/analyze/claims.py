@@ -254,19 +254,21 @@ def cost_claim(a: Side, b: Side, task_a: dict, task_b: dict, hardware: str) -> C
     """Public measurement: GLM-5.3-Flash 14.4 min vs GLM-5.3 6.8 min per agentic task at concurrency 1."""
     measured = PUBLISHED_TASK_MINUTES["glm_moe_dsa"] / PUBLISHED_TASK_MINUTES["glm5_next"]
     predicted = _ratio(task_b["latency_s"], task_a["latency_s"])
-    cost = _ratio(task_b["usd_per_task"], task_a["usd_per_task"])
+    usd_a, usd_b = task_a.get("usd_per_task"), task_b.get("usd_per_task")
+    # hardware without a price (``local``) has no $ per task (None)
+    cost = _ratio(usd_b, usd_a) if usd_a is not None and usd_b is not None else None
     defs = [
         Definition(f"model-time per task at concurrency 1 on {hardware} (baseline / model)", {"-": predicted},
                    _close(predicted, measured)),
         Definition("$ per task at concurrency 1 (baseline / model)", {"-": cost}, _close(cost, measured)),
     ]
     faster = predicted is not None and predicted > 1
-    # hardware without a price (``local``) has no $ per task
     cheaper = (f"{cost:.2f}x cheaper at the same GPU count" if cost is not None
                else f"no $ per task ({hardware} has no price)")
+    shown = "n/a" if predicted is None else f"{predicted:.2f}x"
     verdict = (f"measured: {PUBLISHED_TASK_MINUTES['glm5_next']} vs {PUBLISHED_TASK_MINUTES['glm_moe_dsa']} min "
                f"per task (baseline / model = {measured:.2f}x, the model is slower); the roofline predicts the "
-               f"model {'faster' if faster else 'slower'} per task ({predicted:.2f}x) and {cheaper}. ")
+               f"model {'faster' if faster else 'slower'} per task ({shown}) and {cheaper}. ")
     verdict += ("The architecture's FLOPs and bytes do not explain the measured gap: look at turns / tokens per "
                 "task, idle gaps and kernel efficiency." if faster else
                 "The architecture alone predicts the direction of the measured gap.")

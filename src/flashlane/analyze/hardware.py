@@ -1,7 +1,8 @@
 """Named accelerators for the roofline, plus this machine from a quick measurement.
 
 Peak numbers are vendor dense (no structured sparsity) tensor-core rates per GPU; prices are
-illustrative on-demand cloud $/GPU-hour (override with --usd-per-gpu-hour). Every number here
+illustrative on-demand cloud $/GPU-hour (override with --usd-per-gpu-hour); a profile without a
+price (``usd_per_hour`` None, e.g. the measured ``local``) has no $ per task. Every number here
 is printed by the report as an assumption.
 """
 
@@ -20,7 +21,7 @@ class Hardware:
     peak_flops: dict            # by compute dtype: "bf16", "fp8", "int8" -> FLOP/s
     mem_bw: float               # bytes/s
     mem_bytes: float            # device memory
-    usd_per_hour: float
+    usd_per_hour: float | None   # None: no price, so no $ per task
     note: str
 
     def peak(self, dtype: str) -> float:
@@ -36,8 +37,9 @@ class Hardware:
     def from_dict(cls, d: dict) -> "Hardware":
         """A profile stored with a run (e.g. compare's hardware_local.json)."""
         try:
+            price = d.get("usd_per_hour")
             return cls(str(d["name"]), {k: float(v) for k, v in d["peak_flops"].items()},
-                       float(d["mem_bw"]), float(d["mem_bytes"]), float(d.get("usd_per_hour", 0.0)),
+                       float(d["mem_bw"]), float(d["mem_bytes"]), None if price is None else float(price),
                        str(d.get("note", "")))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"hardware profile: missing or bad field ({exc})") from exc
@@ -85,7 +87,7 @@ def measure_local(seconds: float = 0.5) -> Hardware:
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         mem = 16 * 1024 ** 3
-    return Hardware("this machine", {"bf16": flops, "fp8": flops, "int8": flops}, bw, float(mem), 0.0,
+    return Hardware("this machine", {"bf16": flops, "fp8": flops, "int8": flops}, bw, float(mem), None,
                     f"measured: numpy fp32 {n}x{n} matmul and 64 MiB copy on {os.cpu_count()} CPUs; "
                     "bf16/fp8 assumed no faster than fp32")
 

@@ -142,7 +142,7 @@ def assumptions(models: list[NamedConfig], setup: Setup, task: TaskProfile, opts
         "complete pool (kpool tokens) or token; KDA decode 7 D^2/head/token, prefill chunked 6 D^2 + 7*64*D; "
         "MTP and speculative decoding not counted.",
         f"Hardware {hw.name}: {hw.peak('bf16') / 1e12:.4g} TFLOP/s bf16, {hw.peak('fp8') / 1e12:.4g} TFLOP/s fp8, "
-        f"{hw.mem_bw / 1e12:.4g} TB/s, {hw.mem_bytes / 1e9:.4g} GB, ${hw.usd_per_hour:.2f}/GPU-hour ({hw.note}).",
+        f"{hw.mem_bw / 1e12:.4g} TB/s, {hw.mem_bytes / 1e9:.4g} GB, {_price(hw.usd_per_hour)} ({hw.note}).",
         f"Efficiency: {setup.mfu:.0%} of peak FLOP/s, {setup.mbu:.0%} of peak bandwidth; step time = max(compute, "
         "memory); no communication, launch gaps, scheduling or queueing.",
         f"Layout: TP {lay.tp} x DP {lay.dp} = {lay.devices} device(s); attention-side weights split over TP, routed "
@@ -159,6 +159,10 @@ def assumptions(models: list[NamedConfig], setup: Setup, task: TaskProfile, opts
         "for rates and capacities (tok/s, tasks/hour, tokens, sequences) a ratio < 1 means the model does more.",
     ]
     return out
+
+
+def _price(usd_per_hour: float | None) -> str:
+    return "no price (no $ per task)" if usd_per_hour is None else f"${usd_per_hour:.2f}/GPU-hour"
 
 
 def _quantized(model: NamedConfig) -> list[str]:

@@ -147,6 +147,7 @@ class Roofline:
         decode_s = sum(self.decode_seconds(concurrency, t.cached + t.new_tokens, t.output) for t in profile.turns)
         latency = concurrency * prefill_s + decode_s
         gpu_hours = latency * self.setup.layout.devices / 3600 / concurrency
+        price = self.setup.hardware.usd_per_hour
         return {
             "concurrency": concurrency,
             "latency_s": latency,
@@ -156,5 +157,5 @@ class Roofline:
             "max_ttft_s": max(ttfts),
             "tasks_per_hour": 3600 * concurrency / latency,
             "gpu_hours_per_task": gpu_hours,
-            "usd_per_task": gpu_hours * self.setup.hardware.usd_per_hour,
+            "usd_per_task": None if price is None else gpu_hours * price,
         }

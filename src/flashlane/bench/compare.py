@@ -4,80 +4,42 @@ named serving stacks (bench/stacks.py), with a CI on every ratio and an attribut
 A target is a base URL (used as is) or a model id (started here with `flashlane serve` on a free
 port and always stopped afterwards). With stacks, each (stack, model) is its own server started
 with that stack's flags for the model's role (hybrid or standard); URL targets cannot take stacks,
-so then only the given servers run. Load points are interleaved (A c1, B c1, A c2, ...) so slow
-drift of the machine hits both alike.
+so then only the given servers run. Both servers of a stack are up together and every load point
+is measured in interleaved rounds (bench/rounds.py: the same tasks on A and B back to back, ABBA
+order), so the machine's drift hits both sides and each round is one pair for the ratio's CI.
+The report is written by compare_report.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
-import re
 import signal
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
 import httpx
 
-from . import plots, report_html, report_md
-from .explain import explain, explain_stacks, prediction_sentence, ratio_words
-from .findings import PointFinding, point_finding, waterfall
-from .layer_profile import breakdown_sentence
+from .attribution import mean_partition, run_partitions
+from .compare_report import write_compare
+from .compare_runs import CompareTarget, PointRun, StackRun, is_url, safe_name
 from .load import LoadPoint
-from .machine_load import MachineLoad
+from .machine_load import summarize_rounds
 from .records import read_requests, read_sessions
-from .report_rows import fmt, ms
-from .runner import BenchConfig, build_source, cdf_series, run_point, sweep_points
+from .rounds import merge_side, round_sizes, run_round, schedule
+from .runner import BenchConfig, build_source
 from .server_launch import ServerProcess, free_port, serve_command
 from .stacks import ROLES, Stack
-from .task_components import measured_components, replayed_turns, task_latencies
+from .task_components import measured_components, replayed_turns
 from .text_synth import TextSynth, TokenizerResolver, load_tokenizer
 
-LOAD_AXIS = "concurrency (sessions in flight)"
 # (model id, replayed turns per task, concurrency) -> {prefill_s, decode_s, task_s} or None
 Predictor = Callable[[str, list, int], "dict | None"]
 # (model id, batch, context, weights dtype as served or None) -> the profile command's JSON summary, or None
 Profiler = Callable[[str, int, int, "str | None"], "dict | None"]
 
-
-@dataclass
-class CompareTarget:
-    spec: str  # what the user gave
-    name: str
-    base_url: str | None = None
-    model: str | None = None  # to start, or served model name
-    server: ServerProcess | None = None
-    role: str = "hybrid"
-
-
-@dataclass
-class PointRun:
-    point: LoadPoint
-    summary: dict
-    run_dir: Path
-    latencies: list[float]
-    components: dict | None
-    turns: list
-    machine: dict
-    prediction: dict | None = None
-
-
-@dataclass
-class StackRun:
-    name: str  # stack name, or "as given" without stacks
-    stack: Stack | None
-    flags: dict[str, list[str]] = field(default_factory=dict)  # target name -> stack flags
-    points: dict[str, list[PointRun]] = field(default_factory=dict)  # target name -> per point
-
-
-def is_url(s: str) -> bool:
-    return s.startswith("http://") or s.startswith("https://")
-
-
-def safe_name(s: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", s.replace("http://", "").replace("https://", "")).strip("_")
+__all__ = ["CompareTarget", "assign_roles", "launch_command", "resolve_targets", "run_compare"]
 
 
 def resolve_targets(a: str, b: str) -> list[CompareTarget]:
@@ -103,56 +65,6 @@ def assign_roles(targets: list[CompareTarget], role_of: Callable[[str], str | No
         return "from the models' configs"
     targets[0].role, targets[1].role = ROLES
     return "by position (A hybrid, B standard)"
-
-
-def ratio(a, b):
-    return a / b if a is not None and b not in (None, 0) else None
-
-
-def _gaps(s: dict) -> str:
-    g = (s.get("telemetry") or {}).get("idle_gaps")
-    if not g:
-        return "–"
-    return f"{g['count']} / {fmt(g['total_s'])} s (" + ", ".join(
-        f"{c} {fmt(v['total_s'])}s" for c, v in g["by_class"].items()) + ")"
-
-
-def compare_rows(sa: dict, sb: dict) -> list[tuple[str, str, str, str]]:
-    """(metric, A, B, A/B) in the seed study's terms."""
-    def line(label, va, vb, show=fmt):
-        r = ratio(va, vb)
-        return (label, show(va), show(vb), f"{r:.2f}×" if r is not None else "–")
-
-    ta, tb = sa.get("telemetry") or {}, sb.get("telemetry") or {}
-    rows = [
-        line("task latency mean (s)", sa["task_latency_s"]["mean"], sb["task_latency_s"]["mean"]),
-        line("task latency p90 (s)", sa["task_latency_s"]["p90"], sb["task_latency_s"]["p90"]),
-        line("tasks / hour", sa["tasks_per_hour"], sb["tasks_per_hour"]),
-        line("TTFT mean", sa["ttft_s"]["mean"], sb["ttft_s"]["mean"], ms),
-        line("TTFT p90", sa["ttft_s"]["p90"], sb["ttft_s"]["p90"], ms),
-        line("ITL mean (pooled)", sa["itl_s"]["mean"], sb["itl_s"]["mean"], ms),
-        line("TPOT mean", sa["tpot_s"]["mean"], sb["tpot_s"]["mean"], ms),
-        line("output tokens / s", sa["throughput"]["output_tok_s"], sb["throughput"]["output_tok_s"]),
-        line("total tokens / s", sa["throughput"]["total_tok_s"], sb["throughput"]["total_tok_s"]),
-    ]
-    for key, label in (("prefix_cache_hit_rate", "prefix-cache hit (server)"),
-                       ("prefix_cache_hit_rate_theoretical", "prefix-cache hit (theoretical)")):
-        rows.append(line(label, sa["cache"].get(key), sb["cache"].get(key)))
-    ca = (sa.get("server_info") or {}).get("cache_bytes_per_token")
-    cb = (sb.get("server_info") or {}).get("cache_bytes_per_token")
-    if ca is not None or cb is not None:
-        rows.append(line("cache bytes / token", ca, cb))
-    xa = (sa.get("server_info") or {}).get("state_bytes_per_sequence")
-    xb = (sb.get("server_info") or {}).get("state_bytes_per_sequence")
-    if xa is not None or xb is not None:
-        rows.append(line("state bytes / sequence", xa, xb))
-    if ta.get("busy_overall") is not None or tb.get("busy_overall") is not None:
-        rows.append(line("utilisation (busy fraction)", ta.get("busy_overall"), tb.get("busy_overall")))
-        rows.append(("idle gaps: count / time (by class)", _gaps(sa), _gaps(sb), "–"))
-    rows.append(("errors", str(sa["errors"]["total"]), str(sb["errors"]["total"]), "–"))
-    rows.append(("valid", "yes" if sa["validity"]["valid"] else "no",
-                 "yes" if sb["validity"]["valid"] else "no", "–"))
-    return rows
 
 
 def launch_command(t: CompareTarget, port: int, template: str | None, extra_args: list[str],
@@ -213,16 +125,36 @@ def prompt_synth(cfg: BenchConfig, targets: list[CompareTarget],
     return cfg, TextSynth(seed=cfg.seed, tokenizer=tok)
 
 
-def measure_point(cfg: BenchConfig, source, synth, point: LoadPoint, run_dir: Path,
-                  server_pids: list[int]) -> PointRun:
-    with MachineLoad(server_pids) as load:
-        summary = run_point(cfg, source, synth, point, run_dir)
-    machine = load.summary()
-    (run_dir / "machine_load.json").write_text(json.dumps(machine, indent=2))
-    records = read_requests(run_dir / "requests.jsonl")
-    sessions = read_sessions(run_dir / "sessions.jsonl")
-    return PointRun(point, summary, run_dir, task_latencies(sessions),
-                    measured_components(records, sessions), replayed_turns(records, sessions), machine)
+def measure_interleaved(cfgs: dict[str, BenchConfig], targets: list[CompareTarget], source, synth,
+                        point: LoadPoint, folder: Path, log, prefix: str = "") -> dict[str, PointRun]:
+    """One load point on both targets in interleaved rounds; the pooled run of each."""
+    names = [t.name for t in targets]
+    servers = {t.name: t.server.pid if t.server else cfgs[t.name].server_pid for t in targets}
+    sizes = round_sizes(cfgs[names[0]], point)
+    rounds: dict[str, list] = {n: [] for n in names}
+    starts = {0: cfgs[names[0]].first_session}
+    for position, (r, name) in enumerate(schedule(names, len(sizes))):
+        log(f"{prefix}{name} {point.label} round {r + 1}/{len(sizes)}")
+        rr, nxt = run_round(cfgs[name], source, synth, point, folder / name / point.label / f"round{r}", r,
+                            position, name, starts[r], sizes[r], servers)
+        rounds[name].append(rr)
+        starts[r + 1] = max(starts.get(r + 1, 0), nxt)
+    out = {}
+    for name in names:
+        side = folder / name / point.label
+        summary = merge_side(cfgs[name], point, rounds[name], side)
+        records, sessions = read_requests(side / "requests.jsonl"), read_sessions(side / "sessions.jsonl")
+        parts = [p for rr in rounds[name] for p in (run_partitions(rr.run_dir) or [])]
+        machine = summarize_rounds([rr.machine for rr in rounds[name]])
+        (side / "machine_load.json").write_text(json.dumps(machine, indent=2))
+        manifest = dict(summary.get("_manifest") or {})
+        manifest["rounds"] = [{"round": rr.index, "position": rr.position, "folder": rr.run_dir.name}
+                              for rr in rounds[name]]
+        (side / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
+        out[name] = PointRun(point, summary, side, [x for rr in rounds[name] for x in rr.latencies],
+                             measured_components(records, sessions), replayed_turns(records, sessions),
+                             machine, rounds[name], mean_partition(parts))
+    return out
 
 
 def run_compare(a: str, b: str, base_cfg: BenchConfig, out_dir: Path, template: str | None = None,
@@ -230,11 +162,13 @@ def run_compare(a: str, b: str, base_cfg: BenchConfig, out_dir: Path, template: 
                 log=print, resolve_tokenizer: TokenizerResolver | None = None,
                 stacks: list[Stack] | None = None, role_of: Callable[[str], str | None] | None = None,
                 predict: Predictor | None = None, profile: Profiler | None = None,
-                hardware: dict | None = None) -> dict:
+                hardware: dict | None = None, conditions: dict | None = None) -> dict:
     """Run the comparison under each stack (None or URL targets: the servers as given); returns
     {'rows', 'explanation', 'answer', 'markdown', ...}. `resolve_tokenizer`: see `prompt_synth`;
     `role_of`: see `assign_roles`; `predict` / `profile`: attribution hooks (the CLI wires
-    `analyze` and `flashlane profile`); `hardware`: the calibrated profile, stored with the run."""
+    `analyze` and `flashlane profile`); `hardware`: the calibrated profile (with its calibration
+    record), stored with the run; `conditions`: what the caller resolved once for both servers
+    (dtype, threads), for the report."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     targets = resolve_targets(a, b)
@@ -269,35 +203,32 @@ def run_compare(a: str, b: str, base_cfg: BenchConfig, out_dir: Path, template: 
                                         server_pid=t.server.pid if t.server else base_cfg.server_pid,
                                         server_command=t.server.command if t.server else None)
                         for t in targets}
-                pids = [t.server.pid for t in targets if t.server]
                 for point in base_cfg.load_points():
+                    runs = measure_interleaved(cfgs, targets, source, synth, point, folder, log,
+                                               f"{g.name} " if g.stack else "")
                     for t in targets:
-                        log(f"{g.name + ' ' if g.stack else ''}{t.name} {point.label}")
-                        pr = measure_point(cfgs[t.name], source, synth, point,
-                                           folder / t.name / point.label, pids)
-                        g.points[t.name].append(pr)
+                        g.points[t.name].append(runs[t.name])
     finally:
         signal.signal(signal.SIGTERM, previous)
     attribution = attribute(targets, groups, predict, profile, out_dir, log)
-    return write_compare(targets, groups, base_cfg, out_dir, roles_how, attribution, hardware)
+    return write_compare(targets, groups, base_cfg, out_dir, roles_how, attribution, hardware, conditions)
 
 
 def attribute(targets, groups: list[StackRun], predict: Predictor | None, profile: Profiler | None,
               out_dir: Path, log) -> list[str]:
-    """Predicted-vs-measured sentences per (stack, model) at the first load point, and one
-    per-layer-type profile sentence per model at the workload's batch and median final context."""
+    """analyze's prediction per (stack, model, load point) stored on the runs (shown beside the
+    measured engine time, never as the explanation), and one per-layer-type profile sentence per
+    model at the workload's batch and median final context."""
+    from .layer_profile import breakdown_sentence
+
     lines = []
     for g in groups:
         for t in targets:
-            runs = g.points.get(t.name) or []
-            if not runs or not t.model or is_url(t.spec) or predict is None:
+            if not t.model or is_url(t.spec) or predict is None:
                 continue
-            for pr in runs:
+            for pr in g.points.get(t.name) or []:
                 if pr.turns:
                     pr.prediction = predict(t.model, pr.turns, pr.point.concurrency or 1)
-            first = runs[0]
-            if first.prediction and first.components:
-                lines.append(prediction_sentence(t.name, g.name, first.prediction, first.components))
     if profile is None:
         return lines
     for t in targets:
@@ -321,184 +252,3 @@ def attribute(targets, groups: list[StackRun], predict: Predictor | None, profil
         except ValueError as exc:
             lines.append(f"The profile of {t.name} could not be read: {exc}.")
     return lines
-
-
-def findings_of(targets, groups: list[StackRun], cfg: BenchConfig) -> list[PointFinding]:
-    hyb = next(t for t in targets if t.role == "hybrid")
-    std = next(t for t in targets if t.role == "standard")
-    out = []
-    for g in groups:
-        for ph, ps in zip(g.points[hyb.name], g.points[std.name]):
-            noisy = [f"{t.name}: {r}" for t, pr in ((hyb, ph), (std, ps)) for r in pr.machine.get("reasons", [])]
-            load = ph.point.concurrency if ph.point.concurrency is not None else ph.point.request_rate
-            out.append(point_finding(g.name, load, ph.latencies, ps.latencies, n_boot=max(cfg.n_boot, 2000),
-                                     seed=cfg.seed, noisy=noisy))
-    return out
-
-
-def _pair(pa: PointRun, pb: PointRun, fn) -> str:
-    return f"{fn(pa.summary)} / {fn(pb.summary)}"
-
-
-def stack_table(targets, groups: list[StackRun], findings: list[PointFinding]) -> tuple[list[str], list[list[str]]]:
-    """The closing-note table: one row per (stack, load point), hybrid / standard in each cell."""
-    hyb = next(t for t in targets if t.role == "hybrid")
-    std = next(t for t in targets if t.role == "standard")
-    head = ["stack", "load", f"{hyb.name} / {std.name} per-task latency (95% CI)",
-            "tasks/h", "p90 task (s)", "TTFT mean", "ITL mean", "prefix-cache hit", "idle gaps by class", "noisy"]
-    by_key = {(f.stack, f.load): f for f in findings}
-    rows = []
-    for g in groups:
-        for ph, ps in zip(g.points[hyb.name], g.points[std.name]):
-            load = ph.point.concurrency if ph.point.concurrency is not None else ph.point.request_rate
-            f = by_key[(g.name, load)]
-            rows.append([g.name, f"{load:g}", ratio_words(f),
-                         _pair(ph, ps, lambda s: fmt(s["tasks_per_hour"])),
-                         _pair(ph, ps, lambda s: fmt(s["task_latency_s"]["p90"])),
-                         _pair(ph, ps, lambda s: ms(s["ttft_s"]["mean"])),
-                         _pair(ph, ps, lambda s: ms(s["itl_s"]["mean"])),
-                         _pair(ph, ps, lambda s: fmt(s["cache"].get("prefix_cache_hit_rate"))),
-                         _pair(ph, ps, _gaps), "yes" if f.noisy else "no"])
-    return head, rows
-
-
-def prediction_table(groups: list[StackRun]) -> tuple[list[str], list[list[str]]]:
-    """analyze's prediction beside the measurement, per task and component; the residual of the
-    time outside think/tool waits is serving overhead (dispatch, scheduling, idle)."""
-    head = ["stack", "model", "load", "prefill predicted / measured (s)", "decode predicted / measured (s)",
-            "model time predicted (s)", "task minus think/tool, measured (s)", "residual: serving overhead (s)"]
-    rows = []
-    for g in groups:
-        for t, runs in g.points.items():
-            for pr in runs:
-                p, m = pr.prediction, pr.components
-                if not p or not m:
-                    continue
-                busy = m["task_s"] - m["think_s"]
-                rows.append([g.name, t, pr.point.label, f"{fmt(p['prefill_s'])} / {fmt(m['prefill_s'])}",
-                             f"{fmt(p['decode_s'])} / {fmt(m['decode_s'])}", fmt(p["task_s"]), fmt(busy),
-                             fmt(busy - p["task_s"])])
-    return head, rows
-
-
-def workload_line(cfg: BenchConfig, groups: list[StackRun], targets) -> str:
-    spec = build_source(cfg).spec if not cfg.trace else {}
-    what = (f"trace {cfg.trace}" if cfg.trace else
-            f"synthetic agentic, scale {cfg.scale} ({spec.get('turns')} turns, contexts up to "
-            f"{spec.get('max_context_tokens')} tokens, tool results {spec.get('tool_result_tokens')} tokens)")
-    n = sum(len(pr.latencies) for g in groups for runs in g.points.values() for pr in runs)
-    loads = ", ".join(p.label for p in cfg.load_points())
-    return (f"Workload: {what}; mode {cfg.mode}, seed {cfg.seed}; load points {loads}; "
-            f"{n} tasks measured in all.")
-
-
-def stack_lines(groups: list[StackRun], targets) -> list[str]:
-    out = []
-    for g in groups:
-        if g.stack is None:
-            out.append("Servers as given (no stacks).")
-            continue
-        flags = "; ".join(f"{t.name} ({t.role}): `{' '.join(g.flags[t.name]) or '(defaults)'}`" for t in targets)
-        out.append(f"**{g.name}** — {g.stack.description}. {flags}")
-    return out
-
-
-def write_compare(targets, groups: list[StackRun], cfg: BenchConfig, out_dir: Path, roles_how: str,
-                  attribution: list[str], hardware: dict | None = None) -> dict:
-    na, nb = targets[0].name, targets[1].name
-    hyb = next(t for t in targets if t.role == "hybrid").name
-    std = next(t for t in targets if t.role == "standard").name
-    plain = len(groups) == 1 and groups[0].stack is None
-    findings = findings_of(targets, groups, cfg)
-    first_load = min((f.load for f in findings), default=None)
-    steps = waterfall([(f.stack, f) for f in findings if f.load == first_load]) if not plain else []
-    text = explain_stacks(findings, hyb, std, "concurrency" if cfg.concurrency else "request rate",
-                          steps, attribution)
-    answer = text[0]
-    rows: dict[str, list] = {}
-    detail: list[str] = []
-    for g in groups:
-        pairs = [(pa.point.concurrency if pa.point.concurrency is not None else pa.point.request_rate,
-                  pa.summary, pb.summary) for pa, pb in zip(g.points[na], g.points[nb])]
-        for load, sa, sb in pairs:
-            rows[f"{load}" if plain else f"{g.name}/{load}"] = compare_rows(sa, sb)
-        detail += [f"{'' if plain else g.name + ': '}{line}" for line in explain(na, nb, pairs, cfg.mode)]
-    # plain A/B keeps its first line (what was replayed); with stacks the answer leads
-    explanation = (detail[:1] + text + detail[1:]) if plain else (text + detail)
-    load_name = "concurrency" if cfg.concurrency else "request rate"
-    n_tasks = sum(len(pr.latencies) for g in groups for runs in g.points.values() for pr in runs)
-    head, table_rows = stack_table(targets, groups, findings)
-    md = [f"# flashlane compare — {na} (A) vs {nb} (B)", "", f"**Answer:** {answer}", "",
-          workload_line(cfg, groups, targets), f"Roles: {hyb} hybrid, {std} standard, {roles_how}.", ""]
-    md += [f"- {line}" for line in stack_lines(groups, targets)] + [""]
-    md += ["## Per stack", "", report_md.md_table(head, table_rows), ""]
-    p_head, p_rows = prediction_table(groups)
-    if p_rows:
-        md += ["## Predicted (analyze, local profile) vs measured, per task", "",
-               report_md.md_table(p_head, p_rows), ""]
-    for key, rs in rows.items():
-        title = f"{load_name} {key}" if plain else f"{key.split('/')[0]} — {load_name} {key.split('/')[1]}"
-        md += [f"## {title}", "",
-               report_md.md_table(["metric", f"A: {na}", f"B: {nb}", "A / B"], [list(r) for r in rs]), ""]
-    md += ["## Where the difference comes from", ""] + [f"- {line}" for line in explanation] + [""]
-    (out_dir / "compare.md").write_text("\n".join(md))
-    (out_dir / "compare.json").write_text(json.dumps({
-        "a": na, "b": nb, "hybrid": hyb, "standard": std, "roles": roles_how, "load": load_name,
-        "answer": answer, "tasks_measured": n_tasks, "rows": rows, "explanation": explanation,
-        "hardware_local": hardware,
-        "stacks": [{"name": g.name, "description": g.stack.description if g.stack else None,
-                    "flags": g.flags} for g in groups],
-        "findings": [{"stack": f.stack, "load": f.load, "ratio": f.ratio, "ci": f.ci, "verdict": f.verdict,
-                      "noisy": f.noisy, "hybrid_task_s": f.hybrid_latencies,
-                      "standard_task_s": f.standard_latencies} for f in findings],
-        "waterfall": steps,
-        "points": {f"{'' if plain else g.name + '/'}{t}": [
-            {"label": pr.point.label, "folder": str(pr.run_dir), **sweep_points([(pr.point, pr.summary)])[0],
-             "measured": pr.components, "predicted": pr.prediction, "machine_load": pr.machine}
-            for pr in runs] for g in groups for t, runs in g.points.items()}}, indent=2))
-    write_html(targets, groups, cfg, out_dir, answer, explanation, head, table_rows, rows, steps,
-               hyb, std, roles_how, plain)
-    return {"rows": rows, "explanation": explanation, "answer": answer, "a": na, "b": nb,
-            "findings": findings, "waterfall": steps, "tasks_measured": n_tasks, "markdown": "\n".join(md)}
-
-
-def write_html(targets, groups, cfg, out_dir: Path, answer, explanation, head, table_rows, rows, steps,
-               hyb, std, roles_how, plain) -> None:
-    esc = report_html.html.escape
-    na, nb = targets[0].name, targets[1].name
-    load_name = "concurrency" if cfg.concurrency else "request rate"
-    sections = [("Answer", f"<p><b>{esc(answer)}</b></p><p class='note'>{esc(workload_line(cfg, groups, targets))} "
-                           f"Roles: {esc(hyb)} hybrid, {esc(std)} standard, {esc(roles_how)}.</p>"),
-                ("Stacks", "<ul>" + "".join(f"<li>{esc(x)}</li>" for x in stack_lines(groups, targets)) + "</ul>"),
-                ("Per stack", report_html.table(head, table_rows))]
-    p_head, p_rows = prediction_table(groups)
-    if p_rows:
-        sections.append(("Predicted (analyze, local profile) vs measured, per task",
-                         report_html.table(p_head, p_rows)))
-    if steps:
-        sections.append(("Waterfall: per-task latency ratio by stack",
-                         report_html.img(plots.ratio_waterfall(steps, hyb, std), "ratio waterfall")))
-    sections.append(("Where the difference comes from",
-                     "<ul>" + "".join(f"<li>{esc(x)}</li>" for x in explanation) + "</ul>"))
-    links = []
-    for g in groups:
-        for t, runs in g.points.items():
-            for pr in runs:
-                rel = os.path.relpath(pr.run_dir / "report.html", out_dir)
-                links.append(f"<li><a href='{esc(rel)}'>{esc(('' if plain else g.name + ' / ') + t + ' ' + pr.point.label)}</a></li>")
-    sections.append(("Per-run reports", "<ul>" + "".join(links) + "</ul>"))
-    for key, rs in rows.items():
-        title = f"{load_name} {key}" if plain else f"{key.split('/')[0]} — {load_name} {key.split('/')[1]}"
-        sections.append((title, report_html.table(["metric", f"A: {na}", f"B: {nb}", "A / B"], [list(r) for r in rs])))
-    for g in groups:
-        prefix = "" if plain else f"{g.name}: "
-        sections.append((f"{prefix}tasks/hour, p90 task latency and throughput vs load", report_html.img(
-            plots.sweep({t: sweep_points([(pr.point, pr.summary) for pr in runs]) for t, runs in g.points.items()},
-                        x_label=LOAD_AXIS if cfg.concurrency else "request rate (sessions / s)"), "sweep")))
-        for pa, pb in zip(g.points[na], g.points[nb]):
-            cdfs = {}
-            for t, pr in ((na, pa), (nb, pb)):
-                cdfs[t] = cdf_series(read_requests(pr.run_dir / "requests.jsonl"),
-                                     read_sessions(pr.run_dir / "sessions.jsonl"))
-            sections.append((f"{prefix}latency CDFs at {pa.point.label}", report_html.img(plots.latency_cdfs(cdfs), "CDFs")))
-    (out_dir / "report.html").write_text(report_html.page(f"flashlane compare — {na} vs {nb}", sections))

@@ -63,9 +63,11 @@ def explain(name_a: str, name_b: str, points: list[tuple[int | float, dict, dict
         ga = _ratio(last[1]["tasks_per_hour"], sa["tasks_per_hour"])
         gb = _ratio(last[2]["tasks_per_hour"], sb["tasks_per_hour"])
         if ga and gb:
-            lines.append(f"From load {load} to {last[0]}, tasks/hour grows {fmt(ga)}× on {name_a} and "
-                         f"{fmt(gb)}× on {name_b}: batching more sessions "
-                         f"{'helps ' + name_a + ' more' if ga > gb else 'helps ' + name_b + ' more'}.")
+            def change(g):
+                return f"rises {fmt(g)}×" if g >= 1 else f"falls to {fmt(g)}× of it"
+            lines.append(f"From load {load} to {last[0]}, tasks/hour {change(ga)} on {name_a} and "
+                         f"{change(gb)} on {name_b}: more sessions in flight "
+                         f"{'pay off more for ' + name_a if ga > gb else 'pay off more for ' + name_b}.")
     ta, tb = sa.get("telemetry") or {}, sb.get("telemetry") or {}
     if ta.get("busy_overall") is not None and tb.get("busy_overall") is not None:
         def gap_words(t):
@@ -89,18 +91,21 @@ def explain(name_a: str, name_b: str, points: list[tuple[int | float, dict, dict
 # ---- multi-stack findings (compare --stacks) -------------------------------------------------
 
 def ratio_words(f) -> str:
-    """'2.05× (95% CI 1.80–2.40×, 4 vs 4 tasks)' for a PointFinding."""
+    """'2.05× (95% CI 1.80–2.40×, 4 paired tasks)' for a PointFinding."""
     if f.ratio is None:
         return "– (no measured task)"
     if f.ci is None:
         return (f"{f.ratio:.2f}× (too few tasks for a CI: {len(f.hybrid_latencies)} vs "
                 f"{len(f.standard_latencies)})")
-    return (f"{f.ratio:.2f}× (95% CI {f.ci['low']:.2f}–{f.ci['high']:.2f}×, {f.ci['n_a']} vs "
-            f"{f.ci['n_b']} tasks)")
+    if f.ci["low"] is None:
+        return f"{f.ratio:.2f}× (95% CI unbounded, {f.ci.get('n_pairs', f.ci['n_a'])} pairs)"
+    what = (f"{f.ci['n_pairs']} paired rounds" if "n_pairs" in f.ci and f.ci["n_pairs"] != len(f.hybrid_latencies)
+            else f"{f.ci['n_pairs']} paired tasks" if "n_pairs" in f.ci else f"{f.ci['n_a']} vs {f.ci['n_b']} tasks")
+    return f"{f.ratio:.2f}× (95% CI {f.ci['low']:.2f}–{f.ci['high']:.2f}×, {what})"
 
 
 def _verdict_sentence(f, hybrid: str, standard: str, load_name: str) -> str:
-    from .findings import FASTER, SAME, SLOWER
+    from .findings import FASTER, SAME, SLOWER, disagreement
     where = f"under {f.stack} at {load_name} {f.load:g}"
     if f.verdict == SLOWER:
         text = f"{where}, {hybrid} is slower per task than {standard}: {ratio_words(f)}"
@@ -110,55 +115,79 @@ def _verdict_sentence(f, hybrid: str, standard: str, load_name: str) -> str:
         text = f"{where}, no significant difference per task ({hybrid}/{standard} {ratio_words(f)}; the CI spans 1)"
     else:
         text = f"{where}, {hybrid}/{standard} per task {ratio_words(f)}: not enough tasks to tell"
+    other = disagreement(f)
+    if other:
+        text += f"; the wall-clock verdict is not the engine's: {other}, so trust neither blindly"
     if f.noisy:
-        text += f" — noisy run: {'; '.join(f.noisy)}"
+        text += f" — noisy rounds: {'; '.join(f.noisy)}"
     return text[0].upper() + text[1:] + "."
 
 
-def headline(findings: list, hybrid: str, standard: str, load_name: str = "concurrency") -> str:
-    """The answer in one line: which stack reproduces the public finding's direction (the hybrid
-    slower per task), by how much, with CI; and which stack closes it; noisy runs said so."""
+def _ci_words(f) -> str:
+    if f.ci is None or f.ci["low"] is None:
+        return f"{f.ratio:.2f}×" if f.ratio is not None else "–"
+    return f"{f.ratio:.2f}× (95% CI {f.ci['low']:.2f}–{f.ci['high']:.2f}×)"
+
+
+def headline(findings: list, hybrid: str, standard: str, load_name: str = "concurrency",
+             mechanisms: dict[str, str] | None = None, unequal: list[str] | None = None) -> str:
+    """The answer in one line, for one stated load point: the stack that reproduces the public
+    finding's direction (the hybrid slower per task) and the stack, with its mechanism, that
+    closes it, both ratios with CIs; whether the engine's own time agrees; unequal conditions
+    and noisy rounds said so."""
+    from .findings import disagreement
+    text, point = _headline(findings, hybrid, standard, load_name, mechanisms or {})
+    if point:
+        other = [f"{f.stack}: {d}" for f in findings if f.load == point and (d := disagreement(f))]
+        have_engine = any(f.engine for f in findings if f.load == point)
+        if other:
+            text += " The engine's own time disagrees (" + "; ".join(other) + "), so trust neither verdict blindly."
+        elif have_engine:
+            text += " The engine's busy time and CPU time per task give the same verdicts."
+    if unequal:
+        text += f" Unequal serving conditions ({', '.join(unequal)}): the ratios mix serving speed with them."
     noisy = sum(1 for f in findings if f.noisy)
-    note = (f" Noisy: the machine was busy during {noisy} of {len(findings)} comparisons, so "
-            f"timings are distorted; rerun on an idle machine." if noisy else "")
-    return _headline(findings, hybrid, standard, load_name) + note
+    if noisy:
+        text += (f" Noisy: co-tenants were busy during {noisy} of {len(findings)} comparisons; rounds were "
+                 f"interleaved and paired, so the ratios hold up better than the times themselves.")
+    return text
 
 
-def _headline(findings: list, hybrid: str, standard: str, load_name: str) -> str:
+def _headline(findings: list, hybrid: str, standard: str, load_name: str,
+              mechanisms: dict[str, str]) -> tuple[str, float | None]:
     from .findings import FASTER, SAME, reproducing_stacks
     if not findings:
-        return "No load point finished, so there is no answer."
+        return "No load point finished, so there is no answer.", None
     repro = reproducing_stacks(findings)
     first = min(f.load for f in findings)
-    if repro:
-        best = max(repro, key=lambda f: f.ratio)
-        text = (f"{best.stack} reproduces the public finding's direction: {hybrid} is {best.ratio:.2f}× "
-                f"slower per task than {standard} (95% CI {best.ci['low']:.2f}–{best.ci['high']:.2f}×) "
-                f"at {load_name} {best.load:g}")
-        others = sorted({f.stack for f in repro} - {best.stack})
-        if others:
-            text += f" (also under {', '.join(others)})"
-    else:
-        text = (f"No stack reproduces the public finding's direction with significance ({hybrid} "
+    if not repro:
+        return (f"No stack reproduces the public finding's direction with significance ({hybrid} "
                 f"slower per task than {standard}); at {load_name} {first:g}: " + "; ".join(
-                    f"{f.stack} {f.verdict} ({f.ratio:.2f}×)" if f.ratio is not None else f"{f.stack} {f.verdict}"
-                    for f in findings if f.load == first))
-        return text + "."
-    closing = [f for f in findings if f.load == first and f.verdict in (FASTER, SAME)
-               and f.stack not in {r.stack for r in repro}]
+                    f"{f.stack} {f.verdict} ({_ci_words(f)})" for f in findings if f.load == first) + ".", first)
+    point = min(f.load for f in repro)
+    best = max((f for f in repro if f.load == point), key=lambda f: f.ratio)
+    text = (f"At {load_name} {point:g}, {best.stack} reproduces the public finding: {hybrid} is "
+            f"{_ci_words(best)} slower per task than {standard}")
+    if mechanisms.get(best.stack):
+        text += f" ({mechanisms[best.stack]})"
+    closing = [f for f in findings if f.load == point and f.verdict in (FASTER, SAME)]
     if closing:
-        text += "; closed under " + ", ".join(
-            f"{f.stack} ({'faster, ' if f.verdict == FASTER else 'no significant difference, '}"
-            f"{f.ratio:.2f}×)" for f in closing)
-    return text + "."
+        close = min(closing, key=lambda f: (f.verdict != FASTER, f.ratio))
+        how = "the hybrid faster" if close.verdict == FASTER else "no significant difference"
+        text += (f"; {close.stack} closes it with {mechanisms.get(close.stack) or 'its flags'}: "
+                 f"{_ci_words(close)}, {how}")
+    else:
+        text += f"; no stack run closes it at {load_name} {point:g}"
+    return text + ".", point
 
 
 def explain_stacks(findings: list, hybrid: str, standard: str, load_name: str = "concurrency",
-                   steps: list[dict] | None = None, attribution: list[str] | None = None) -> list[str]:
-    """Headline, each point's verdict, flips between load points, what each stack change did
-    (waterfall steps), then the attribution lines (predicted vs measured, profile)."""
+                   steps: list[dict] | None = None, attribution: list[str] | None = None,
+                   mechanisms: dict[str, str] | None = None, unequal: list[str] | None = None) -> list[str]:
+    """Headline, each point's verdict, flips between load points, the measured attribution lines,
+    then what each stack change did (waterfall steps)."""
     from .findings import flips
-    lines = [headline(findings, hybrid, standard, load_name)]
+    lines = [headline(findings, hybrid, standard, load_name, mechanisms, unequal)]
     lines += [_verdict_sentence(f, hybrid, standard, load_name)
               for f in findings]  # in run order: stack by stack, load points ascending
     for stack in dict.fromkeys(f.stack for f in findings):
@@ -171,19 +200,17 @@ def explain_stacks(findings: list, hybrid: str, standard: str, load_name: str = 
     for prev, s in zip(steps or [], (steps or [])[1:]):
         if s["d_ratio"] is None:
             continue
-        lines.append(f"From {prev['stack']} to {s['stack']}: {hybrid} {fmt(prev['hybrid_s'])} → "
+        lines.append(f"From {prev['stack']} to {s['stack']} at {load_name} {s['load']:g}: "
+                     f"{hybrid} {fmt(prev['hybrid_s'])} → "
                      f"{fmt(s['hybrid_s'])} s per task, {standard} {fmt(prev['standard_s'])} → "
                      f"{fmt(s['standard_s'])} s; the ratio moves {prev['ratio']:.2f}× → {s['ratio']:.2f}×.")
     return lines
 
 
-def prediction_sentence(model: str, stack: str, predicted: dict, measured: dict) -> str:
-    """Prediction beside measurement per component; the residual is serving overhead."""
-    model_time = measured["prefill_s"] + measured["decode_s"]
-    residual = measured["task_s"] - measured["think_s"] - predicted["task_s"]
-    return (f"{model} under {stack}: analyze predicts {fmt(predicted['prefill_s'])} s prefill + "
-            f"{fmt(predicted['decode_s'])} s decode = {fmt(predicted['task_s'])} s of model time per "
-            f"task on this machine; measured {fmt(measured['prefill_s'])} s + {fmt(measured['decode_s'])} s "
-            f"(= {fmt(model_time)} s) and {fmt(measured['task_s'] - measured['think_s'])} s per task "
-            f"outside think/tool time; the residual {fmt(residual)} s is serving overhead (dispatch, "
-            f"scheduling, idle).")
+def partition_sentence(model: str, stack: str, label: str, p: dict) -> str:
+    """One measured attribution line: a task's time by component, and how well the parts add up."""
+    from .attribution import COMPONENTS
+    parts = ", ".join(f"{fmt(p[k])} s {name}" for k, name in COMPONENTS)
+    diff = (p["sum_s"] - p["task_s"]) / p["task_s"] * 100 if p["task_s"] else 0.0
+    return (f"{model} under {stack} at {label}: a task's {fmt(p['task_s'])} s (mean of {p['tasks']}, measured) "
+            f"is {parts} (the parts sum to {fmt(p['sum_s'])} s, {diff:+.1f}%).")

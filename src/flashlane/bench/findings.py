@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .stats import ratio_of_means_ci
+from .stats import paired_ratio_ci, ratio_of_means_ci
 
 SLOWER, FASTER, SAME, TOO_FEW = "slower", "faster", "no significant difference", "too few tasks"
 
@@ -21,6 +21,10 @@ class PointFinding:
     ci: dict | None = None
     verdict: str = TOO_FEW
     noisy: list[str] = field(default_factory=list)  # reasons the timings may be distorted
+    # paired rounds (interleaved runs): per-round means (hybrid, standard) of each measure
+    pairs: list[tuple[float, float]] = field(default_factory=list)
+    engine: dict | None = None   # the same ratio on the engine's busy time per task: {ci, verdict}
+    cpu: dict | None = None      # ... and on the engine process tree's CPU seconds per task
 
     @property
     def ratio(self) -> float | None:
@@ -51,6 +55,31 @@ def point_finding(stack: str, load: float, hybrid: list[float], standard: list[f
     return PointFinding(stack, load, list(hybrid), list(standard), ci, verdict_of(ci), list(noisy or []))
 
 
+def paired_finding(stack: str, load: float, hybrid: list[float], standard: list[float],
+                   pairs: list[tuple[float, float]], engine_pairs: list[tuple[float, float]] | None = None,
+                   cpu_pairs: list[tuple[float, float]] | None = None,
+                   noisy: list[str] | None = None) -> PointFinding:
+    """A finding from interleaved rounds: the ratio and its CI from the paired per-round means
+    (the same tasks on both sides, back to back), and the same on engine time and CPU time."""
+    ci = paired_ratio_ci([h for h, _ in pairs], [s for _, s in pairs])
+    f = PointFinding(stack, load, list(hybrid), list(standard), ci, verdict_of(ci), list(noisy or []),
+                     list(pairs))
+    for name, ps in (("engine", engine_pairs), ("cpu", cpu_pairs)):
+        if ps and len(ps) == len(pairs):
+            c = paired_ratio_ci([h for h, _ in ps], [s for _, s in ps])
+            setattr(f, name, {"ci": c, "verdict": verdict_of(c), "hybrid": sum(h for h, _ in ps) / len(ps),
+                              "standard": sum(s for _, s in ps) / len(ps)})
+    return f
+
+
+def disagreement(f: PointFinding) -> str | None:
+    """How the engine-time / CPU-time verdicts differ from the wall-clock one, or None."""
+    out = [f"{label} says {m['verdict']} ({m['ci']['ratio']:.2f}×)" for label, m in
+           (("engine busy time", f.engine), ("engine CPU time", f.cpu))
+           if m and m["ci"] and m["verdict"] != f.verdict]
+    return "; ".join(out) or None
+
+
 def flips(points: list[PointFinding]) -> list[tuple[PointFinding, PointFinding]]:
     """Consecutive load points (same stack) whose ratio sits on opposite sides of 1."""
     out = []
@@ -69,7 +98,7 @@ def waterfall(stacks: list[tuple[str, PointFinding]]) -> list[dict]:
     steps, prev = [], None
     for name, f in stacks:
         h, s, r = f.mean("hybrid"), f.mean("standard"), f.ratio
-        step = {"stack": name, "hybrid_s": h, "standard_s": s, "ratio": r,
+        step = {"stack": name, "load": f.load, "hybrid_s": h, "standard_s": s, "ratio": r,
                 "ratio_low": f.ci["low"] if f.ci else None, "ratio_high": f.ci["high"] if f.ci else None,
                 "d_hybrid_s": None, "d_standard_s": None, "d_ratio": None}
         if prev is not None:

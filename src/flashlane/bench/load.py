@@ -57,8 +57,11 @@ class RunControl:
     duration_s: float | None = None  # profiling window; nothing new is dispatched after it
     warmup: str = "none"  # "none" | "tstar" | "requests"
     warmup_requests: int = 0
+    first_index: int = 0  # session index of the first tree (a later round of an interleaved run)
 
     def __post_init__(self):
+        if self.first_index < 0:
+            raise ValueError(f"first_index: must be >= 0, got {self.first_index}")
         if self.num_sessions is None and self.duration_s is None:
             raise ValueError("run control: give num_sessions and/or duration_s")
         if self.num_sessions is not None and self.num_sessions < 1:
@@ -76,13 +79,14 @@ class LoadResult:
     window_start: float
     window_end: float
     deadline: float | None
+    next_index: int = 0  # the first session index this run did not use
 
 
 class _Claims:
     """Hands out session indices; counts fresh trees against the limit."""
 
-    def __init__(self, ctx: ReplayContext, limit: int | None):
-        self.ctx, self.limit, self.next, self.fresh = ctx, limit, 0, 0
+    def __init__(self, ctx: ReplayContext, limit: int | None, first: int = 0):
+        self.ctx, self.limit, self.next, self.fresh = ctx, limit, first, 0
 
     def take_index(self) -> int:
         i = self.next
@@ -134,8 +138,8 @@ async def run_tree_first_turn(ctx, source, idx, lane) -> RequestRecord | None:
 
 
 async def run_closed(ctx: ReplayContext, source: WorkloadSource, n_lanes: int,
-                     control: RunControl) -> tuple[float, float | None]:
-    claims = _Claims(ctx, control.num_sessions)
+                     control: RunControl) -> tuple[float, float | None, int]:
+    claims = _Claims(ctx, control.num_sessions, control.first_index)
     rng = random.Random(f"tstar:{ctx.seed}")
     plans = []  # per lane: (idx, trace, k*, tree, conv, warm_rec)
     if control.warmup == "requests" and control.warmup_requests > 0:
@@ -191,12 +195,12 @@ async def run_closed(ctx: ReplayContext, source: WorkloadSource, n_lanes: int,
             await run_tree(ctx, source.trace(idx), f"t{idx}", lane)
 
     await asyncio.gather(*(lane_loop(i) for i in range(n_lanes)))
-    return start, deadline
+    return start, deadline, claims.next
 
 
 async def run_open(ctx: ReplayContext, source: WorkloadSource, point: LoadPoint,
-                   control: RunControl) -> tuple[float, float | None]:
-    claims = _Claims(ctx, control.num_sessions)
+                   control: RunControl) -> tuple[float, float | None, int]:
+    claims = _Claims(ctx, control.num_sessions, control.first_index)
     if control.warmup == "requests" and control.warmup_requests > 0:
         await _warm_requests(ctx, source, control.warmup_requests,
                              point.max_concurrency or control.warmup_requests)
@@ -219,17 +223,17 @@ async def run_open(ctx: ReplayContext, source: WorkloadSource, point: LoadPoint,
                                                   first_issue=due)))
         due += rng.gammavariate(shape, scale)
     await asyncio.gather(*tasks)
-    return start, deadline
+    return start, deadline, claims.next
 
 
 async def run_load(ctx: ReplayContext, source: WorkloadSource, point: LoadPoint,
                    control: RunControl) -> LoadResult:
     if point.concurrency is not None:
-        start, deadline = await run_closed(ctx, source, point.concurrency, control)
+        start, deadline, next_index = await run_closed(ctx, source, point.concurrency, control)
     else:
         if control.warmup == "tstar":
             raise ValueError("warmup: 'tstar' needs a closed-loop concurrency load point")
-        start, deadline = await run_open(ctx, source, point, control)
+        start, deadline, next_index = await run_open(ctx, source, point, control)
     prof_ends = [r.end_time for r in ctx.records if r.phase == PHASE_PROFILING and r.end_time]
     end = max(prof_ends + [deadline or start])
-    return LoadResult(ctx.records, ctx.sessions, start, end, deadline)
+    return LoadResult(ctx.records, ctx.sessions, start, end, deadline, next_index)

@@ -17,6 +17,10 @@ COTENANT_NOISY_FRACTION = 0.25
 CLIENT_NOISY_PERCENT = 85.0
 
 
+def servers_pids(pids: list[int]) -> set[int]:
+    return {q.pid for pid in pids for q in _tree(pid)}
+
+
 def _tree(pid: int) -> list[psutil.Process]:
     try:
         p = psutil.Process(pid)
@@ -28,8 +32,9 @@ def _tree(pid: int) -> list[psutil.Process]:
 class MachineLoad:
     """Context manager sampling CPU every `interval_s` in a thread; `.summary()` afterwards."""
 
-    def __init__(self, server_pids: list[int], interval_s: float = 0.5):
+    def __init__(self, server_pids: list[int], interval_s: float = 0.5, client_children: bool = False):
         self.server_pids = [p for p in server_pids if p]
+        self.client_children = client_children  # count this process's children as the client's
         self.interval_s = interval_s
         self.cores = psutil.cpu_count() or 1
         self.samples: list[tuple[float, float, float]] = []  # (system, servers, client)
@@ -50,7 +55,9 @@ class MachineLoad:
     def _sample(self) -> tuple[float, float, float]:
         system = psutil.cpu_percent(None) * self.cores
         servers = self._cpu([q for pid in self.server_pids for q in _tree(pid)])
-        client = self._cpu([psutil.Process(os.getpid())])
+        me = psutil.Process(os.getpid())
+        mine = [me] + (me.children(recursive=True) if self.client_children else [])
+        client = self._cpu([p for p in mine if p.pid not in servers_pids(self.server_pids)])
         return system, servers, client
 
     def _loop(self) -> None:
@@ -87,3 +94,18 @@ def summarize_load(samples: list[tuple[float, float, float]], cores: int) -> dic
     return {"n": n, "cores": cores, "system_cpu_percent": system, "servers_cpu_percent": servers,
             "client_cpu_percent": client, "cotenant_cpu_percent": cotenant,
             "noisy": bool(reasons), "reasons": reasons}
+
+
+def summarize_rounds(parts: list[dict]) -> dict:
+    """Several rounds' load summaries pooled (sample-weighted means, every round's reasons kept
+    with its number), plus each round's co-tenant CPU: load is recorded per round, not per run."""
+    parts = [p for p in parts if p]
+    n = sum(p.get("n", 0) for p in parts)
+    cores = next((p["cores"] for p in parts if p.get("cores")), 1)
+    out = {"n": n, "cores": cores, "rounds": [p.get("cotenant_cpu_percent") for p in parts],
+           "reasons": [f"round {i}: {r}" for i, p in enumerate(parts) for r in p.get("reasons", [])]}
+    for key in ("system_cpu_percent", "servers_cpu_percent", "client_cpu_percent", "cotenant_cpu_percent"):
+        vals = [(p[key], p["n"]) for p in parts if p.get(key) is not None and p.get("n")]
+        out[key] = sum(v * w for v, w in vals) / sum(w for _, w in vals) if vals else None
+    out["noisy"] = bool(out["reasons"])
+    return out

@@ -29,6 +29,9 @@ class SummaryParams:
     n_boot: int = 1000
     seed: int = 0
     page_size: int = DEFAULT_PAGE_SIZE  # server's prefix-cache page, for the theoretical hit rate
+    # seconds this target was measured within the window (interleaved rounds: the sum of its own
+    # rounds, the other target's rounds left out); None: the whole window
+    active_s: float | None = None
 
     def __post_init__(self):
         if self.page_size < 1:
@@ -85,14 +88,15 @@ class _Profiled:
 
     @classmethod
     def select(cls, records: list[RequestRecord], sessions: list[SessionRecord],
-               window_start: float, window_end: float) -> "_Profiled":
+               window_start: float, window_end: float, active_s: float | None = None) -> "_Profiled":
         prof = [r for r in records if r.phase == PHASE_PROFILING]
         s_prof = [s for s in sessions if s.phase == PHASE_PROFILING]
         tasks = [s for s in s_prof if s.completed and not s.truncated
                  and s.start_time is not None and s.start_time >= window_start
                  and s.end_time <= window_end]
         return cls(requests=prof, ok=[r for r in prof if r.ok], failed=[r for r in prof if not r.ok],
-                   sessions=s_prof, tasks=tasks, window_s=max(0.0, window_end - window_start))
+                   sessions=s_prof, tasks=tasks,
+                   window_s=max(0.0, window_end - window_start) if active_s is None else active_s)
 
 
 def _counts(records: list[RequestRecord], p: _Profiled) -> dict:
@@ -158,14 +162,17 @@ def _throughput(ok: list[RequestRecord]) -> dict:
             "requests_per_s": len(ok) / dur if dur else 0.0}
 
 
-def _concurrency(requests: list[RequestRecord], window_start: float, window_end: float) -> dict:
+def _concurrency(requests: list[RequestRecord], window_start: float, window_end: float,
+                 active_s: float | None = None) -> dict:
     intervals = [(r.send_time, r.end_time) for r in requests if r.send_time is not None and r.end_time]
+    effective = (step_time_average(intervals, window_start, window_end) if active_s is None else
+                 sum(e - s for s, e in intervals) / active_s if active_s > 0 else 0.0)
     times, counts = in_flight_series(intervals)
     active = 0.0
     if len(times) > 1:
         dt = np.diff(times)
         active = float(dt[counts[:-1] > 0].sum())
-    return {"effective": step_time_average(intervals, window_start, window_end),
+    return {"effective": effective,
             "active": (sum(e - s for s, e in intervals) / active) if active > 0 else 0.0,
             "max_in_flight": int(counts.max()) if counts.size else 0}
 
@@ -242,7 +249,7 @@ def _validity(errors: dict, sent: int, params: SummaryParams) -> dict:
 
 def compute_summary(records: list[RequestRecord], sessions: list[SessionRecord],
                     window_start: float, window_end: float, params: SummaryParams) -> dict:
-    p = _Profiled.select(records, sessions, window_start, window_end)
+    p = _Profiled.select(records, sessions, window_start, window_end, params.active_s)
     out: dict = {"schema_version": SCHEMA_VERSION, "window_start": window_start,
                  "window_end": window_end, "window_s": p.window_s, "mode": params.mode,
                  "load_point": {"concurrency": params.concurrency, "request_rate": params.request_rate}}
@@ -250,7 +257,7 @@ def compute_summary(records: list[RequestRecord], sessions: list[SessionRecord],
     out.update(_task_rates(p, params.concurrency))
     out.update(_distributions(p.ok, p.tasks))
     out["throughput"] = _throughput(p.ok)
-    out["concurrency"] = _concurrency(p.requests, window_start, window_end)
+    out["concurrency"] = _concurrency(p.requests, window_start, window_end, params.active_s)
     out["goodput"] = _goodput(p, params.slo)
     out["cache"] = _cache(records, p.requests, params.page_size)
     out["qps"] = _qps(p.ok, window_start, p.window_s)

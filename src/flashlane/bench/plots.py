@@ -49,21 +49,72 @@ def latency_cdfs(series: dict[str, dict[str, list[float]]]) -> bytes:
     return _png(fig)
 
 
+SWEEP_METRICS = (("tasks_per_hour", "tasks / hour", "tasks / hour"),
+                 ("task_p90_s", "p90 task latency", "p90 task latency (s)"),
+                 ("output_tok_s", "output throughput", "output tokens / s"))
+
+
+def _value(v) -> float:
+    return np.nan if v is None else float(v)
+
+
+def _num(v: float) -> str:
+    if not np.isfinite(v):
+        return "n/a"
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
 def sweep(points: dict[str, list[dict]], x_label: str = "concurrency (sessions in flight) or rate") -> bytes:
     """points: {target: [{x, tasks_per_hour, task_p90_s, output_tok_s}]} -> 3 panels vs load."""
+    return _png(sweep_figure(points, x_label))
+
+
+def sweep_figure(points: dict[str, list[dict]], x_label: str = "concurrency (sessions in flight) or rate"):
+    """The figure of `sweep`: lines with markers vs load when some series has two or more load
+    points; a bar per series (value on top) when each has one, since a line of one point is a
+    lone dot on an axis autoscaled to +-4% of its value."""
+    series = {t: sorted(pts, key=lambda p: p["x"]) for t, pts in points.items() if pts}
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
-    for target, pts in points.items():
-        pts = sorted(pts, key=lambda p: p["x"])
-        xs = [p["x"] for p in pts]
-        for ax, key in zip(axes, ("tasks_per_hour", "task_p90_s", "output_tok_s")):
-            ax.plot(xs, [p.get(key) if p.get(key) is not None else np.nan for p in pts], "o-", label=target)
-    for ax, title in zip(axes, ("tasks / hour", "p90 task latency (s)", "output tokens / s")):
+    if all(len(pts) == 1 for pts in series.values()):
+        _sweep_bars(axes, series, x_label)
+    else:
+        for target, pts in series.items():
+            xs = [p["x"] for p in pts]
+            for ax, (key, _, _) in zip(axes, SWEEP_METRICS):
+                ax.plot(xs, [_value(p.get(key)) for p in pts], "o-", label=target)
+        loads = sorted({p["x"] for pts in series.values() for p in pts})
+        for ax in axes:
+            ax.set_xlabel(x_label)
+            ax.set_ylim(bottom=0)
+            if len(loads) <= 10:   # tick the measured loads, not 1.5 sessions
+                ax.set_xticks(loads, [f"{v:g}" for v in loads])
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
+    for ax, (_, title, unit) in zip(axes, SWEEP_METRICS):
         ax.set_title(title)
-        ax.set_xlabel(x_label)
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    return _png(fig)
+        ax.set_ylabel(unit)
+        ax.grid(alpha=0.3, axis="y" if ax.patches else "both")
+    fig.tight_layout()
+    return fig
+
+
+def _sweep_bars(axes, series: dict[str, list[dict]], x_label: str) -> None:
+    names = list(series)
+    loads = [pts[0]["x"] for pts in series.values()]
+    same = len(set(loads)) <= 1
+    ticks = names if same else [f"{n}\n(x = {x:g})" for n, x in zip(names, loads)]
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (key, _, _) in zip(axes, SWEEP_METRICS):
+        vals = [_value(pts[0].get(key)) for pts in series.values()]
+        pos = np.arange(len(names))
+        ax.bar(pos, vals, width=0.6, color=[colours[i % len(colours)] for i in range(len(names))])
+        top = max([v for v in vals if np.isfinite(v)] + [0.0]) or 1.0
+        ax.set_ylim(0, top * 1.18)    # room for the value labels inside the axes
+        for i, v in enumerate(vals):
+            ax.text(i, (v if np.isfinite(v) else 0.0) + 0.02 * top, _num(v), ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(pos, ticks)
+        ax.set_xlim(-0.6, len(names) - 0.4)   # a missing (nan) bar still gets its slot
+        ax.set_xlabel(f"target, at {x_label} = {loads[0]:g}" if same and loads else "target (load x per bar)")
 
 
 def utilisation_timeline(times, util, inflight_times, inflight_counts, gaps, t0: float,
@@ -97,41 +148,54 @@ def utilisation_timeline(times, util, inflight_times, inflight_counts, gaps, t0:
     return _png(fig)
 
 
-def ratio_waterfall(steps: list[dict], hybrid: str, standard: str) -> bytes:
+def ratio_waterfall(steps: list[dict], hybrid: str, standard: str, title: str | None = None) -> bytes:
     """Left: mean task latency of each model per stack. Right: the hybrid/standard per-task
     latency ratio as a waterfall, each stack's change floating from the previous level, with the
-    stack's 95% CI as a whisker; the dashed line is parity (1x)."""
+    stack's 95% CI as a whisker; the dashed line is parity (1x). ``title`` heads the ratio panel."""
+    return _png(ratio_waterfall_figure(steps, hybrid, standard, title))
+
+
+def ratio_waterfall_figure(steps: list[dict], hybrid: str, standard: str, title: str | None = None):
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4))
     names = [s["stack"] for s in steps]
     x = np.arange(len(steps))
     for off, key, label, colour in ((-0.2, "hybrid_s", hybrid, "#3182bd"), (0.2, "standard_s", standard, "#e6550d")):
-        vals = [s[key] if s[key] is not None else np.nan for s in steps]
-        ax1.bar(x + off, vals, width=0.4, label=label, color=colour)
+        ax1.bar(x + off, [_value(s.get(key)) for s in steps], width=0.4, label=label, color=colour)
     ax1.set_xticks(x, names)
     ax1.set_xlabel("serving stack")
     ax1.set_ylabel("mean task latency (s)")
+    ax1.set_title("mean task latency per model")
     ax1.set_ylim(bottom=0)
     ax1.legend(fontsize=8)
     ax1.grid(axis="y", alpha=0.3)
-    prev = 0.0
+    bars, prev = [], 0.0
     for i, s in enumerate(steps):
-        r = s["ratio"]
+        r = s.get("ratio")
         if r is None:
             continue
         lo, hi = sorted((prev, r))
-        colour = "#636363" if i == 0 else ("#31a354" if r < prev else "#de2d26")
-        ax2.bar(i, hi - lo, bottom=lo, width=0.6, color=colour)
-        if s["ratio_low"] is not None:
-            ax2.errorbar(i, r, yerr=[[r - s["ratio_low"]], [s["ratio_high"] - r]], color="black", capsize=4)
-        ax2.annotate(f"{r:.2f}×" + (f" ({s['d_ratio']:+.2f})" if s["d_ratio"] is not None else ""),
-                     (i, max(hi, s["ratio_high"] or hi)), textcoords="offset points", xytext=(0, 5),
-                     ha="center", fontsize=8)
+        ci_lo, ci_hi = s.get("ratio_low"), s.get("ratio_high")
+        ci = ci_lo is not None and ci_hi is not None   # a whisker needs both ends
+        bars.append((i, r, lo, hi, ci_lo if ci else None, ci_hi if ci else None, s.get("d_ratio"), prev))
         prev = r
+    # every label sits above its bar and whisker, under a top with room for one line of text
+    top = max([1.0] + [max(hi, ci_hi or hi) for _, _, _, hi, _, ci_hi, _, _ in bars])
+    ax2.set_ylim(0, top * 1.2)
+    for i, r, lo, hi, ci_lo, ci_hi, d, before in bars:
+        colour = "#636363" if i == 0 else ("#31a354" if r < before else "#de2d26")
+        ax2.bar(i, hi - lo, bottom=lo, width=0.6, color=colour)
+        if ci_lo is not None:
+            ax2.errorbar(i, r, yerr=[[max(r - ci_lo, 0.0)], [max(ci_hi - r, 0.0)]], color="black", capsize=4)
+        ax2.text(i, max(hi, ci_hi or hi) + 0.02 * top, f"{r:.2f}×" + (f" ({d:+.2f})" if d is not None else ""),
+                 ha="center", va="bottom", fontsize=8)
     ax2.axhline(1.0, ls="--", color="#777", lw=1)
     ax2.set_xticks(x, names)
+    ax2.set_xlim(-0.6, len(steps) - 0.4)
     ax2.set_xlabel("serving stack (each bar: the change from the previous stack)")
-    ax2.set_ylabel(f"{hybrid} / {standard} per-task latency")
-    ax2.set_ylim(bottom=0)
+    ax2.set_ylabel(f"{hybrid} / {standard} per-task latency (×)")
+    if title:
+        ax2.set_title(title)
     ax2.grid(axis="y", alpha=0.3)
     fig.suptitle("Per-task latency by serving stack")
-    return _png(fig)
+    fig.tight_layout()
+    return fig

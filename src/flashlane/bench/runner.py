@@ -74,6 +74,7 @@ class BenchConfig:
     argv: list[str] = field(default_factory=lambda: list(sys.argv))
     n_boot: int = 1000
     page_size: int | None = None  # prefix-cache page for the theoretical hit (default: server's, else 16)
+    first_session: int = 0  # session index of the first tree (later rounds of an interleaved compare)
 
     def __post_init__(self):
         if not self.base_url.lower().startswith(("http://", "https://")):
@@ -113,7 +114,8 @@ class BenchConfig:
                 warm = "none"
         if warm == "requests":
             wreq = self.warmup_requests if self.warmup_requests is not None else 2 * (point.concurrency or 1)
-        return RunControl(num_sessions=n, duration_s=self.duration_s, warmup=warm, warmup_requests=wreq)
+        return RunControl(num_sessions=n, duration_s=self.duration_s, warmup=warm, warmup_requests=wreq,
+                          first_index=self.first_session)
 
 
 def build_source(cfg: BenchConfig) -> WorkloadSource:
@@ -170,6 +172,7 @@ class PointOutcome:
     cancelled: bool = False
     abort_reason: str | None = None
     t_begin: float = 0.0
+    next_index: int = 0
 
 
 async def _run_point_async(cfg: BenchConfig, source: WorkloadSource, synth: TextSynth,
@@ -207,6 +210,7 @@ async def _run_point_async(cfg: BenchConfig, source: WorkloadSource, synth: Text
             with view:
                 res = await run_load(ctx, source, point, control)
             out.window = (res.window_start, res.window_end)
+            out.next_index = res.next_index
         finally:
             if tel is not None:
                 await tel.stop()
@@ -361,6 +365,7 @@ def write_point(cfg, source, synth, point, control, out: PointOutcome, run_dir: 
     (run_dir / "report.md").write_text(report_md.render_run(summary, manifest))
     (run_dir / "report.html").write_text(report_html.render_run(summary, manifest, figs))
     summary["_manifest"] = manifest  # in-memory only (sweep / compare reports)
+    summary["_next_session_index"] = out.next_index  # in-memory only (interleaved rounds)
     return summary
 
 

@@ -20,6 +20,7 @@ class Stack:
     description: str
     hybrid: tuple[str, ...]
     standard: tuple[str, ...]
+    mechanism: str = ""  # what this stack does that the others do not, for the answer line
 
     def flags(self, role: str) -> list[str]:
         if role not in ROLES:
@@ -33,12 +34,14 @@ FLASHLANE_FLAGS = ("--enable-prefix-caching", "--max-wait-ms", "2")
 
 STACKS: dict[str, Stack] = {s.name: s for s in (
     Stack("naive", "fixed batches of up to 32 requests in arrival order, each run to completion "
-                   "before the next is admitted; no prefix cache; eager", NAIVE_FLAGS, NAIVE_FLAGS),
+                   "before the next is admitted; no prefix cache; eager", NAIVE_FLAGS, NAIVE_FLAGS,
+          "no prefix cache for either model, static batches"),
     Stack("hybrid-cache-gap", "the state of public stacks: prefix caching works for the standard "
                               "model, not for the hybrid", ("--no-enable-prefix-caching",),
-          ("--enable-prefix-caching",)),
+          ("--enable-prefix-caching",), "a prefix cache for the standard model only"),
     Stack("flashlane", "continuous batching, prefix cache with state checkpoints for the hybrid, "
-                       "2 ms dynamic batching window", FLASHLANE_FLAGS, FLASHLANE_FLAGS),
+                       "2 ms dynamic batching window", FLASHLANE_FLAGS, FLASHLANE_FLAGS,
+          "prefix caching for the hybrid too (state checkpoints restore its linear-attention state)"),
 )}
 DEFAULT_STACKS = ("naive", "hybrid-cache-gap", "flashlane")
 

@@ -110,3 +110,28 @@ def in_flight_series(intervals: list[tuple[float, float]]) -> tuple[np.ndarray, 
             times.append(t)
             counts.append(c)
     return np.asarray(times, dtype=float), np.asarray(counts, dtype=int)
+
+
+def paired_ratio_ci(a: list[float], b: list[float], level: float = 0.95) -> dict | None:
+    """Ratio of paired samples (a[i], b[i] measured under the same conditions: the same task, back
+    to back) as the geometric mean of the per-pair ratios, with a t interval on n - 1 degrees of
+    freedom over their logarithms. Pairing cancels what both sides of a pair share (task size, the
+    machine's load at the time) and the log makes a per-task ratio that holds across task sizes
+    precise however much the sizes differ; the t quantile keeps a handful of pairs honest. None
+    with fewer than 2 pairs or a non-positive value."""
+    from scipy.stats import t as student_t
+
+    if len(a) != len(b):
+        raise ValueError(f"paired samples: {len(a)} vs {len(b)} values")
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    n = x.size
+    if n < 2 or (x <= 0).any() or (y <= 0).any():
+        return None
+    logs = np.log(x / y)
+    mean, se = float(logs.mean()), float(logs.std(ddof=1)) / np.sqrt(n)
+    half = float(student_t.ppf((1 + level) / 2, n - 1)) * se
+    low, high = float(np.exp(mean - half)), float(np.exp(mean + half))
+    return {"ratio": float(np.exp(mean)), "low": low, "high": high, "level": level, "n_pairs": n,
+            "n_a": n, "n_b": n, "ratio_of_means": float(x.mean() / y.mean()),
+            "method": "paired: geometric mean of per-pair ratios, t interval on the logs (n-1 df)",
+            "significant": not (low <= 1.0 <= high)}

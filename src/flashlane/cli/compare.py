@@ -7,11 +7,14 @@ concurrency 1, and prints the answer first: which stack makes the hybrid slower 
 much (bootstrap 95% CI over tasks), what the time goes to (analyze's prediction on this machine's
 calibrated profile beside the measurement) and which stack closes the gap; writes compare.md,
 compare.json and report.html and stops every server. A and B may be model ids (started here) or
-base URLs (used as given: then no stacks).
+base URLs (used as given: then no stacks). Servers started here run under equal conditions: dtype
+"auto" and the thread count are resolved once, here, and both get the same --dtype and
+--num-threads (unless given with --serve-arg).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -20,12 +23,75 @@ from .help import HelpFormatter
 
 # Sessions per load point (a * concurrency + b), by scale: a p90 is meaningful, yet the default
 # sweep finishes in a few minutes on 2 CPU cores and `small` fits CI.
-SESSIONS_PER_LOAD = {"small": (1, 1), "medium": (1, 2), "long": (3, 0), "large": (4, 4), "full": (8, 0)}
-# `long` (the default) measures 3 whole tasks per (stack, model) at concurrency 1 (enough for a
-# bootstrap CI of the ratio; --num-sessions N for a tighter one): estimated 12-13 min for the three
-# stacks on 2 idle CPU cores from one-task measurements (tiny-flash without a prefix cache ~40 s a
-# task, tiny-standard ~2x that; the naive stack, no cache for either, is about 60% of the run).
+SESSIONS_PER_LOAD = {"small": (1, 1), "medium": (1, 2), "long": (4, 0), "large": (4, 4), "full": (8, 0)}
+# `long` (the default) measures 4 whole tasks per (stack, model) at concurrency 1, in 4 paired
+# rounds: with 3 the t quantile (4.3) alone made the CI ±15% at a 6% per-task spread; 4 (3.2)
+# keeps the hybrid-cache-gap CI within ±15% on an idle machine (benchmarks/compare_under_load.py;
+# --num-sessions N for a tighter one). The naive stack, no cache for either, is about 60% of the run.
 DEFAULT_CONCURRENCY = {"long": [1]}
+
+
+def _given(serve_args: list[str], flag: str) -> str | None:
+    """The value `flag` gets from the --serve-arg tokens (the last one, as argparse takes it);
+    None when it is not there."""
+    value = None
+    for i, tok in enumerate(serve_args):
+        if tok == flag:
+            value = serve_args[i + 1] if i + 1 < len(serve_args) else ""
+        elif tok.startswith(flag + "="):
+            value = tok[len(flag) + 1:]
+    return value
+
+
+def _fresh_server_threads() -> int:
+    """The torch threads a `flashlane serve` started now would take (engine.threads.choose_threads
+    in a process that has not loaded torch; this one may have: then its count says nothing)."""
+    from ..engine.threads import busy_cpus, choose_threads, default_threads, usable_cpus
+
+    choice = choose_threads(None)
+    if choice.set_here:
+        return choice.threads
+    omp = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if omp.isdigit() and int(omp) > 0:
+        return int(omp)
+    cpus = usable_cpus()
+    return default_threads(len(cpus), busy_cpus(cpus))
+
+
+def _auto_dtype(threads: int):
+    """dtype "auto" as a server would resolve it: timed with the servers' thread count."""
+    import torch
+
+    from ..models.loader import auto_cpu_dtype_choice
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return auto_cpu_dtype_choice()
+    finally:
+        torch.set_num_threads(before)
+
+
+def equal_conditions(serve_args: list[str], log) -> tuple[list[str], dict]:
+    """Resolve dtype "auto" and the thread count once, here, for both servers: left to each server
+    they follow its own start-up timing and load, and the two servers of one comparison could run
+    different dtypes. Values given with --serve-arg are kept (an explicit `--dtype auto` is
+    resolved here too, with the same meaning). Returns (args to append, conditions for the report)."""
+    dtype, threads = _given(serve_args, "--dtype"), _given(serve_args, "--num-threads")
+    extra: list[str] = []
+    if threads is None:
+        threads = str(_fresh_server_threads())   # before this process loads torch, if it has not
+        extra += ["--num-threads", threads]
+    num_threads = int(threads) if threads.isdigit() else threads
+    reason = "given with --serve-arg"
+    if dtype in (None, "auto"):
+        choice = _auto_dtype(num_threads if isinstance(num_threads, int) and num_threads > 0 else 1)
+        dtype, reason = choice.dtype, choice.why
+        extra = ["--dtype", dtype] + extra
+    log(f"both servers: dtype {dtype} ({'auto: ' + reason if '--dtype' in extra else reason}), "
+        f"{num_threads} thread{'' if num_threads == 1 else 's'}")
+    return extra, {"dtype": dtype, "dtype_reason": reason, "num_threads": num_threads,
+                   "source": "resolved once by compare" if extra else "given with --serve-arg"}
 
 
 def add_parser(subparsers):
@@ -55,7 +121,9 @@ def add_parser(subparsers):
                    help="server command template with {model} {port} {host} {python}; "
                         "default: flashlane serve --model {model} --host 127.0.0.1 --port {port}")
     p.add_argument("--serve-arg", action="append", default=[],
-                   help="extra engine argument passed to both servers (repeatable; default: none)")
+                   help="extra engine argument passed to both servers (repeatable; default: none); "
+                        "without --dtype / --num-threads here, both servers get the ones compare resolves "
+                        "once (dtype auto, the CPUs not busy less one)")
     p.add_argument("--startup-timeout", type=float, default=600.0,
                    help="seconds a started server may take to answer /health")
     add_common(p)
@@ -89,26 +157,30 @@ def run(args) -> int:
     out = Path(args.output_dir or time.strftime("flashlane-compare-%Y%m%d-%H%M%S"))
     kw = common_kwargs(args)
     if args.scale == "long" and kw["warmup"] == "auto":
-        kw["warmup"] = "none"  # whole tasks from turn 0: per-task latency of every task run
+        # whole tasks from turn 0 (per-task latency of every task run), after a few single
+        # requests that pay each server's first-call costs outside the measured tasks
+        kw["warmup"] = "requests"
     log = (lambda m: print(m, file=sys.stderr)) if not args.no_progress else (lambda m: None)
     try:
         cfg = BenchConfig(base_url="http://unset", output_dir=str(out), workload="agentic",
                           trace=args.trace, scale=args.scale,
                           concurrency=args.concurrency or DEFAULT_CONCURRENCY.get(args.scale, [1, 2, 4]),
                           sessions_per_load=SESSIONS_PER_LOAD[args.scale], **kw)
+        extra_args, conditions = list(args.serve_arg), None
+        if not args.serve_command and not any(t.startswith(("http://", "https://")) for t in (args.a, args.b)):
+            more, conditions = equal_conditions(extra_args, log)
+            extra_args += more
         from .. import presets
         from . import compare_attribution as attr
         predict = profile = hardware = None
         if not args.no_predict:
-            from ..analyze.hardware import calibrate_local
-            local = calibrate_local()
-            hardware = local.to_dict()
-            predict = attr.make_predictor(local)
+            local, hardware = attr.calibrate(log=log)
+            predict = attr.make_predictor(local) if local is not None else None
             profile = None if args.no_profile else attr.make_profiler(out, log=log)
         res = run_compare(args.a, args.b, cfg, out, template=args.serve_command,
-                          extra_args=args.serve_arg, startup_timeout_s=args.startup_timeout, log=log,
+                          extra_args=extra_args, startup_timeout_s=args.startup_timeout, log=log,
                           resolve_tokenizer=presets.tokenizer_file, stacks=stacks, role_of=attr.role_of,
-                          predict=predict, profile=profile, hardware=hardware)
+                          predict=predict, profile=profile, hardware=hardware, conditions=conditions)
     except KeyboardInterrupt:
         print("flashlane compare: interrupted; servers stopped, partial results kept", file=sys.stderr)
         return 130

@@ -56,6 +56,40 @@ def make_predictor(hardware: Hardware, weight_dtype: str = "bf16", kv_dtype: str
     return predict
 
 
+CALIBRATION_RUNS = 3
+CALIBRATION_MAX_SPREAD = 0.25   # max/min - 1 of the repeated rates, beyond which no prediction
+
+
+def calibrate(runs: int = CALIBRATION_RUNS, measure=None, log=print) -> tuple[Hardware | None, dict]:
+    """This machine's `local` profile, measured `runs` times beside a co-tenant monitor: (the
+    median-bandwidth run, or None when the machine was busy or the runs spread too far to
+    predict from, and the record of all of it for the report)."""
+    from ..analyze.hardware import calibrate_local
+    from ..bench.machine_load import COTENANT_NOISY_FRACTION, MachineLoad
+
+    measure = measure or calibrate_local
+    with MachineLoad([], client_children=True) as load:  # the calibration runs in a child
+        profiles = [measure() for _ in range(runs)]
+    busy = load.summary()
+    rates = [[p.mem_bw for p in profiles]] + [[p.peak_flops[k] for p in profiles]
+                                              for k in profiles[0].peak_flops if all(p.peak_flops.get(k) for p in profiles)]
+    spread = max(max(r) / min(r) - 1.0 for r in rates if min(r) > 0)
+    chosen = sorted(profiles, key=lambda p: p.mem_bw)[len(profiles) // 2]
+    cotenant = busy.get("cotenant_cpu_percent") or 0.0
+    reasons = []
+    if cotenant > COTENANT_NOISY_FRACTION * 100 * busy["cores"]:
+        reasons.append(f"co-tenants used {cotenant:.0f}% CPU while it ran")
+    if spread > CALIBRATION_MAX_SPREAD:
+        reasons.append(f"the {runs} runs spread {100 * spread:.0f}%")
+    record = {**chosen.to_dict(), "calibration": {
+        "runs": runs, "spread": spread, "cotenant_cpu_percent": cotenant, "idle": not reasons,
+        "reasons": reasons, "profiles": [p.to_dict() for p in profiles]}}
+    if reasons:
+        log("calibration not used for predictions: " + "; ".join(reasons))
+        return None, record
+    return chosen, record
+
+
 def profile_available() -> bool:
     return importlib.util.find_spec("flashlane.cli.profile") is not None
 

@@ -43,6 +43,9 @@ class EngineInfo:
     quantization: dict | None       # what was quantised with which kernels (None: nothing)
     quantization_summary: str       # one line for the log: "no quantization" or what was done
     dtype_reason: str | None        # why dtype "auto" chose this dtype (None: not auto)
+    # torch CPU threads of the process running the model, read when the info is built; a default
+    # keeps callers that build an EngineInfo by hand working
+    num_threads: int | None = None
     # static-graph decode (compile=True): {"sizes", "warmup_s", "cache_dir"}; None = eager only
     compiled_decode: dict | None = None
 

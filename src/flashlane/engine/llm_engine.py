@@ -153,6 +153,7 @@ class LLMEngine:
             quantization_summary="no quantization" if self.quant is None else self.quant.describe(),
             dtype_reason=(auto_cpu_dtype_choice().why if args.dtype == "auto" and loaded_here
                           and torch.device(args.device).type == "cpu" else None),
+            num_threads=torch.get_num_threads(),
         )
 
     def _warm_up(self) -> None:
@@ -290,7 +291,8 @@ class LLMEngine:
         self._num_steps += 1
         self.step_stats.append(StepRecord(
             step=self._num_steps, start=wall_start, end=wall_start + (time.monotonic() - start),
-            start_monotonic=start, model_s=model_s, num_seqs=len(sched.seqs), num_tokens=sched.num_tokens,
+            start_monotonic=start, model_s=model_s,
+            sample_s=self.runner.last_sample_s, num_seqs=len(sched.seqs), num_tokens=sched.num_tokens,
             prefill_tokens=prefill_tokens, decode_tokens=sched.num_tokens - prefill_tokens,
             decode_seqs=decode_seqs, num_running=self.num_running, num_waiting=self.num_waiting,
             num_preempted=len(sched.preempted), pages_used=usage["pages_used"], slots_used=usage["slots_used"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +33,7 @@ class ModelRunner:
         self.compiled = compiled          # static-graph decode buckets (None: always eager)
         self.generator = torch.Generator().manual_seed(seed)
         self.grammars = grammars          # masks the logits of requests with structured output
+        self.last_sample_s = 0.0          # seconds the last run() spent sampling (step records)
 
     @torch.inference_mode()
     def run(self, sched: SchedulerOutput) -> list[SeqResult]:
@@ -48,8 +50,7 @@ class ModelRunner:
             slots.append(self.cache.state_slot(s.req))
         batch = ForwardBatch.build(new_tokens, starts, tables, slots, self.cache.tensors, self.index_topk)
         hidden = self.model(batch)
-        with profiling_range("sampling"):
-            return self._sample(seqs, starts, batch.cu_q.tolist(), hidden)
+        return self._timed_sample(seqs, starts, batch.cu_q.tolist(), hidden)
 
     def _run_compiled(self, seqs) -> list[SeqResult]:
         starts = [s.req.num_computed_tokens for s in seqs]
@@ -57,8 +58,14 @@ class ModelRunner:
                                     [self.cache.block_table(s.req) for s in seqs],
                                     [self.cache.state_slot(s.req) for s in seqs])
         hidden = self.compiled.run(batch)
+        return self._timed_sample(seqs, starts, list(range(len(seqs) + 1)), hidden)
+
+    def _timed_sample(self, seqs, starts: list[int], cu: list[int], hidden: torch.Tensor) -> list[SeqResult]:
+        t0 = time.monotonic()
         with profiling_range("sampling"):
-            return self._sample(seqs, starts, list(range(len(seqs) + 1)), hidden)
+            out = self._sample(seqs, starts, cu, hidden)
+        self.last_sample_s = time.monotonic() - t0
+        return out
 
     def _sample(self, seqs, starts: list[int], cu: list[int], hidden: torch.Tensor) -> list[SeqResult]:
         # rows whose logits we need: the last token of sampling sequences, and prompt positions

@@ -22,6 +22,7 @@ class StepRecord:
     end: float                  # start + monotonic duration
     start_monotonic: float      # time.monotonic() at start (engine-internal timestamps use it)
     model_s: float              # seconds inside the model run (the rest is scheduling/bookkeeping)
+    sample_s: float             # of model_s, seconds sampling (logits of the sampled rows, sampler)
     num_seqs: int
     num_tokens: int
     prefill_tokens: int

@@ -1,6 +1,11 @@
 """What the CPU can do natively (int8 dot products, bf16), a tiny timer for start-up choices, and
 the dtype ``dtype="auto"`` picks on CPU from them.
 
+``dtype="auto"`` means, on CPU: bfloat16 where the CPU has native bf16 (AVX512_BF16 / AMX) and a
+start-up timing finds it at least 10% faster than float32 at both 1 and 64 rows, else float32
+(``FLASHLANE_AUTO_DTYPE=float32|bfloat16`` pins it); on GPU: the checkpoint's declared dtype
+(else bfloat16). The GPU half lives in ``models.loader.resolve_dtype``.
+
 torch's ``get_cpu_capability()`` names the vector width (``AVX2``, ``AVX512``, ``AMX``...) but
 not the int8 / bf16 instructions the int8 and bf16 paths need, so /proc/cpuinfo flags are read
 too. ``CpuCaps`` is a plain value so that unit tests inject any machine they like.
@@ -88,17 +93,24 @@ def _time_linear(dtype: torch.dtype, rows: int) -> float:
         return best_time(lambda: torch.nn.functional.linear(x, w))
 
 
+def _rows(rows: list[int]) -> str:
+    return f"{' and '.join(map(str, rows))} row{'s' if rows != [1] else ''}"
+
+
 def choose_cpu_dtype(caps: CpuCaps, timer: DtypeTimer | None = None) -> DtypeChoice:
-    """bfloat16 only where the CPU has native bf16 and a short timing says it is clearly faster
-    (``BF16_MARGIN``) at decode and prefill row counts alike; float32 otherwise."""
+    """bfloat16 only where the CPU has native bf16 and a short timing finds it at least
+    ``1 - BF16_MARGIN`` (10%) faster than float32 at every row count of ``AUTO_DTYPE_ROWS``
+    (decode and prefill); float32 otherwise. ``why`` names the row counts where bf16 lost."""
     if not caps.native_bf16:
         return DtypeChoice("float32", f"cpu {caps.describe()}: no native bf16")
     timer = timer or _time_linear
     times = {rows: (timer(torch.float32, rows), timer(torch.bfloat16, rows)) for rows in AUTO_DTYPE_ROWS}
-    faster = all(b < BF16_MARGIN * f for f, b in times.values())
-    timed = ", ".join(f"{rows} rows fp32 {f * 1e3:.2f}ms bf16 {b * 1e3:.2f}ms" for rows, (f, b) in times.items())
-    return DtypeChoice("bfloat16" if faster else "float32",
-                       f"cpu {caps.describe()}: {timed} -> {'bf16 faster' if faster else 'bf16 not faster'}")
+    slow = [rows for rows, (f, b) in times.items() if b > BF16_MARGIN * f]
+    timed = ", ".join(f"{_rows([rows])} fp32 {f * 1e3:.2f}ms bf16 {b * 1e3:.2f}ms" for rows, (f, b) in times.items())
+    margin = f">={round((1 - BF16_MARGIN) * 100)}%"
+    verdict = (f"bf16 not {margin} faster at {_rows(slow)}" if slow
+               else f"bf16 faster ({margin}) at {_rows(list(times))}")
+    return DtypeChoice("float32" if slow else "bfloat16", f"cpu {caps.describe()}: {timed} -> {verdict}")
 
 
 @functools.lru_cache(maxsize=1)

@@ -7,9 +7,9 @@ unexpected or wrongly shaped tensor, missing shard and malformed index is a ``Lo
 naming the tensor or file.
 
 dtype "auto": on CPU bfloat16 only where the CPU has native bf16 (AVX512_BF16 / AMX) and a
-short timing at first use says it is faster, else float32 (``kernels.cpu_caps``; the environment
-variable ``FLASHLANE_AUTO_DTYPE=float32|bfloat16`` pins it, as the tests do); elsewhere the
-checkpoint's ``dtype`` / ``torch_dtype``, else bfloat16.
+start-up timing finds it at least 10% faster than float32 at both 1 and 64 rows, else float32
+(``kernels.cpu_caps``; the environment variable ``FLASHLANE_AUTO_DTYPE=float32|bfloat16`` pins
+it, as the tests do); on GPU the checkpoint's ``dtype`` / ``torch_dtype``, else bfloat16.
 A few small tensors that the reference keeps in fp32 stay fp32 whatever the model dtype
 (``FP32_PARAMS``; a model class may override with a ``keep_fp32_params`` attribute: the
 ``KeepsFp32Params`` protocol).
