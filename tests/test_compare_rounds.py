@@ -95,3 +95,16 @@ def test_calibration_is_repeated_and_refused_when_it_spreads():
     local, record = calibrate(measure=lambda: next(runs), log=said.append)
     assert local is None and not record["calibration"]["idle"]
     assert "spread 120%" in said[0]
+
+
+def test_cotenant_cpu_counts_a_waited_child_as_ours():
+    import subprocess
+    import sys
+
+    from flashlane.bench.machine_load import cotenant_cpu
+    spin = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end:\n    pass\n"
+    with cotenant_cpu() as busy:
+        subprocess.run([sys.executable, "-c", spin], check=True)
+    # the child's ~0.6 CPU-s (plus interpreter start) are ours, so they do not show up as a co-tenant;
+    # what other processes on the machine did meanwhile may, so allow a generous margin
+    assert busy["wall_s"] > 0.5 and busy["cotenant_cpu_percent"] < 0.9 * 100 * busy["cores"]

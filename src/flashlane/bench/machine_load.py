@@ -7,18 +7,16 @@ the co-tenant share is what remains. All numbers are percent of one core (200 = 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+import time
 
 import psutil
 
 # A run is noisy when co-tenants took this fraction of the machine, or the client saturated a core.
 COTENANT_NOISY_FRACTION = 0.25
 CLIENT_NOISY_PERCENT = 85.0
-
-
-def servers_pids(pids: list[int]) -> set[int]:
-    return {q.pid for pid in pids for q in _tree(pid)}
 
 
 def _tree(pid: int) -> list[psutil.Process]:
@@ -32,9 +30,8 @@ def _tree(pid: int) -> list[psutil.Process]:
 class MachineLoad:
     """Context manager sampling CPU every `interval_s` in a thread; `.summary()` afterwards."""
 
-    def __init__(self, server_pids: list[int], interval_s: float = 0.5, client_children: bool = False):
+    def __init__(self, server_pids: list[int], interval_s: float = 0.5):
         self.server_pids = [p for p in server_pids if p]
-        self.client_children = client_children  # count this process's children as the client's
         self.interval_s = interval_s
         self.cores = psutil.cpu_count() or 1
         self.samples: list[tuple[float, float, float]] = []  # (system, servers, client)
@@ -55,9 +52,7 @@ class MachineLoad:
     def _sample(self) -> tuple[float, float, float]:
         system = psutil.cpu_percent(None) * self.cores
         servers = self._cpu([q for pid in self.server_pids for q in _tree(pid)])
-        me = psutil.Process(os.getpid())
-        mine = [me] + (me.children(recursive=True) if self.client_children else [])
-        client = self._cpu([p for p in mine if p.pid not in servers_pids(self.server_pids)])
+        client = self._cpu([psutil.Process(os.getpid())])
         return system, servers, client
 
     def _loop(self) -> None:
@@ -94,6 +89,29 @@ def summarize_load(samples: list[tuple[float, float, float]], cores: int) -> dic
     return {"n": n, "cores": cores, "system_cpu_percent": system, "servers_cpu_percent": servers,
             "client_cpu_percent": client, "cotenant_cpu_percent": cotenant,
             "noisy": bool(reasons), "reasons": reasons}
+
+
+@contextlib.contextmanager
+def cotenant_cpu():
+    """CPU the rest of the machine used while the block ran, from CPU-time counters (this
+    process and the children it waited for on one side, the whole machine on the other): exact
+    for short-lived children, which sampled percentages miss. Fills the yielded dict on exit."""
+    me = psutil.Process(os.getpid())
+
+    def ours() -> float:
+        t = me.cpu_times()
+        return t.user + t.system + t.children_user + t.children_system
+
+    def machine() -> float:
+        t = psutil.cpu_times()
+        return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+    out: dict = {"cores": psutil.cpu_count() or 1}
+    t0, m0, o0 = time.monotonic(), machine(), ours()
+    yield out
+    wall = max(time.monotonic() - t0, 1e-9)
+    out["cotenant_cpu_percent"] = max(0.0, (machine() - m0) - (ours() - o0)) / wall * 100.0
+    out["wall_s"] = wall
 
 
 def summarize_rounds(parts: list[dict]) -> dict:

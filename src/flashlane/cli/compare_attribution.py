@@ -65,17 +65,16 @@ def calibrate(runs: int = CALIBRATION_RUNS, measure=None, log=print) -> tuple[Ha
     median-bandwidth run, or None when the machine was busy or the runs spread too far to
     predict from, and the record of all of it for the report)."""
     from ..analyze.hardware import calibrate_local
-    from ..bench.machine_load import COTENANT_NOISY_FRACTION, MachineLoad
+    from ..bench.machine_load import COTENANT_NOISY_FRACTION, cotenant_cpu
 
     measure = measure or calibrate_local
-    with MachineLoad([], client_children=True) as load:  # the calibration runs in a child
+    with cotenant_cpu() as busy:  # the calibration runs in child processes, counted as ours
         profiles = [measure() for _ in range(runs)]
-    busy = load.summary()
     rates = [[p.mem_bw for p in profiles]] + [[p.peak_flops[k] for p in profiles]
                                               for k in profiles[0].peak_flops if all(p.peak_flops.get(k) for p in profiles)]
     spread = max(max(r) / min(r) - 1.0 for r in rates if min(r) > 0)
     chosen = sorted(profiles, key=lambda p: p.mem_bw)[len(profiles) // 2]
-    cotenant = busy.get("cotenant_cpu_percent") or 0.0
+    cotenant = busy["cotenant_cpu_percent"]
     reasons = []
     if cotenant > COTENANT_NOISY_FRACTION * 100 * busy["cores"]:
         reasons.append(f"co-tenants used {cotenant:.0f}% CPU while it ran")
