@@ -65,14 +65,16 @@ def fake_timer(bf16_share: dict[int, float]):
 
 
 def test_auto_dtype_why_names_the_row_count_where_bf16_lost():
-    lost_decode = choose_cpu_dtype(AMX, fake_timer({1: 0.95, 64: 0.1}))
+    lost_decode = choose_cpu_dtype(AMX, fake_timer({1: 1.05, 64: 0.1}))
     assert lost_decode.dtype == "float32"
-    assert lost_decode.why.endswith("-> bf16 not >=10% faster at 1 row")
-    assert "1 row fp32 1000.00ms bf16 950.00ms, 64 rows fp32 1000.00ms bf16 100.00ms" in lost_decode.why
-    lost_both = choose_cpu_dtype(AMX, fake_timer({1: 1.2, 64: 0.99}))
-    assert lost_both.dtype == "float32" and lost_both.why.endswith("bf16 not >=10% faster at 1 and 64 rows")
-    won = choose_cpu_dtype(AMX, fake_timer({1: 0.5, 64: 0.9}))
-    assert won.dtype == "bfloat16" and won.why.endswith("-> bf16 faster (>=10%) at 1 and 64 rows")
+    assert lost_decode.why.endswith("-> bf16 short of no slower at 1 row")
+    assert "1 row fp32 1000.00ms bf16 1050.00ms, 64 rows fp32 1000.00ms bf16 100.00ms" in lost_decode.why
+    lost_both = choose_cpu_dtype(AMX, fake_timer({1: 1.2, 64: 0.95}))
+    assert lost_both.dtype == "float32"
+    assert lost_both.why.endswith("bf16 short of no slower at 1 row, >=10% faster at 64 rows")
+    # decode only has to be no slower (a 1-row bf16 GEMV is not much faster on CPUs); prefill 10% faster
+    won = choose_cpu_dtype(AMX, fake_timer({1: 0.95, 64: 0.9}))
+    assert won.dtype == "bfloat16" and won.why.endswith("-> bf16 no slower at 1 row, >=10% faster at 64 rows")
 
 
 # ---- compare resolves dtype and threads once ---------------------------------------------------

@@ -87,12 +87,13 @@ def _hw(bw):
 
 def test_calibration_is_repeated_and_refused_when_it_spreads():
     runs = iter([_hw(10e9), _hw(11e9), _hw(10.5e9)])
-    local, record = calibrate(measure=lambda: next(runs), log=lambda m: None)
+    local, record = calibrate(runs=3, measure=lambda: next(runs), log=lambda m: None)
     cal = record["calibration"]
-    assert local.mem_bw == 10.5e9 and cal["runs"] == 3 and cal["spread"] == pytest.approx(0.1)
+    assert local.mem_bw == 11e9 and cal["runs"] == 3 and cal["spread"] == pytest.approx(0.1)
+    assert record["mem_bw"] == 11e9 and len(cal["profiles"]) == 3 and cal["idle"]
     runs = iter([_hw(5e9), _hw(11e9), _hw(10e9)])
     said = []
-    local, record = calibrate(measure=lambda: next(runs), log=said.append)
+    local, record = calibrate(runs=3, measure=lambda: next(runs), log=said.append)
     assert local is None and not record["calibration"]["idle"]
     assert "spread 120%" in said[0]
 
@@ -105,6 +106,6 @@ def test_cotenant_cpu_counts_a_waited_child_as_ours():
     spin = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end:\n    pass\n"
     with cotenant_cpu() as busy:
         subprocess.run([sys.executable, "-c", spin], check=True)
-    # the child's ~0.6 CPU-s (plus interpreter start) are ours, so they do not show up as a co-tenant;
-    # what other processes on the machine did meanwhile may, so allow a generous margin
-    assert busy["wall_s"] > 0.5 and busy["cotenant_cpu_percent"] < 0.9 * 100 * busy["cores"]
+    # the child's 0.6 CPU-s are counted as ours (so they cannot show up as a co-tenant's), however
+    # busy the rest of the machine is
+    assert busy["ours_cpu_s"] >= 0.6 and busy["wall_s"] > 0.5 and busy["cotenant_cpu_percent"] >= 0

@@ -125,9 +125,9 @@ def stack_table(targets, groups: list[StackRun], findings: list[PointFinding]) -
     """One row per (stack, load point), hybrid / standard in each cell."""
     hyb = next(t for t in targets if t.role == "hybrid")
     std = next(t for t in targets if t.role == "standard")
-    head = ["stack", "load", f"{hyb.name} / {std.name} per-task latency (95% CI, paired)",
-            "engine busy time per task", "engine CPU time per task", "tasks/h", "p90 task (s)", "TTFT mean",
-            "ITL mean", "prefix-cache hit", "idle gaps by class", "co-tenant CPU (of 100% per core)", "noisy"]
+    head = ["stack", "load", f"{hyb.name} / {std.name} per-task latency (geometric mean of paired rounds, 95% CI)",
+            "engine busy time per task", "server CPU time per task (HTTP + engine processes)", "tasks/h",
+            "p90 task (s)", "TTFT mean", "ITL mean", "prefix-cache hit", "idle gaps by class", "co-tenant CPU (of 100% per core)", "noisy"]
     by_key = {(f.stack, f.load): f for f in findings}
     rows = []
     for g in groups:

@@ -24,7 +24,7 @@ class PointFinding:
     # paired rounds (interleaved runs): per-round means (hybrid, standard) of each measure
     pairs: list[tuple[float, float]] = field(default_factory=list)
     engine: dict | None = None   # the same ratio on the engine's busy time per task: {ci, verdict}
-    cpu: dict | None = None      # ... and on the engine process tree's CPU seconds per task
+    cpu: dict | None = None      # ... and on the server process tree's CPU seconds per task (HTTP + engine)
 
     @property
     def ratio(self) -> float | None:
@@ -75,7 +75,7 @@ def paired_finding(stack: str, load: float, hybrid: list[float], standard: list[
 def disagreement(f: PointFinding) -> str | None:
     """How the engine-time / CPU-time verdicts differ from the wall-clock one, or None."""
     out = [f"{label} says {m['verdict']} ({m['ci']['ratio']:.2f}×)" for label, m in
-           (("engine busy time", f.engine), ("engine CPU time", f.cpu))
+           (("engine busy time", f.engine), ("server CPU time", f.cpu))
            if m and m["ci"] and m["verdict"] != f.verdict]
     return "; ".join(out) or None
 

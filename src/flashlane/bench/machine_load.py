@@ -110,8 +110,9 @@ def cotenant_cpu():
     t0, m0, o0 = time.monotonic(), machine(), ours()
     yield out
     wall = max(time.monotonic() - t0, 1e-9)
-    out["cotenant_cpu_percent"] = max(0.0, (machine() - m0) - (ours() - o0)) / wall * 100.0
-    out["wall_s"] = wall
+    own = ours() - o0
+    out["cotenant_cpu_percent"] = max(0.0, (machine() - m0) - own) / wall * 100.0
+    out["wall_s"], out["ours_cpu_s"] = wall, own
 
 
 def summarize_rounds(parts: list[dict]) -> dict:

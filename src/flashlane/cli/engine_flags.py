@@ -91,7 +91,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     d = EngineArgs()
     p.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16"],
                    help="weight and cache dtype; auto: on CPU bfloat16 where the CPU has native bf16 and a "
-                        "start-up timing finds it >=10%% faster than float32 at both 1 and 64 rows, else float32 "
+                        "start-up timing finds it >=10%% faster than float32 at 64 rows and no slower at 1 row, else float32 "
                         "(FLASHLANE_AUTO_DTYPE pins it; the reason is printed); on GPU the checkpoint's declared "
                         "dtype")
     p.add_argument("--seed", type=int, default=d.seed, help="random seed (random weights, sampling)")

@@ -7,7 +7,7 @@ unexpected or wrongly shaped tensor, missing shard and malformed index is a ``Lo
 naming the tensor or file.
 
 dtype "auto": on CPU bfloat16 only where the CPU has native bf16 (AVX512_BF16 / AMX) and a
-start-up timing finds it at least 10% faster than float32 at both 1 and 64 rows, else float32
+start-up timing finds it at least 10% faster than float32 at 64 rows and no slower at 1 row, else float32
 (``kernels.cpu_caps``; the environment variable ``FLASHLANE_AUTO_DTYPE=float32|bfloat16`` pins
 it, as the tests do); on GPU the checkpoint's ``dtype`` / ``torch_dtype``, else bfloat16.
 A few small tensors that the reference keeps in fp32 stay fp32 whatever the model dtype
