@@ -35,6 +35,21 @@ def _clip(intervals, lo: float, hi: float):
     return [(max(s, lo), min(e, hi)) for s, e in intervals if min(e, hi) > max(s, lo)]
 
 
+def step_split(step: dict, lo: float, hi: float) -> dict | None:
+    """The part of one step record inside [lo, hi], split by the step's own shares into model
+    forward, sampling and engine overhead (scheduling, cache bookkeeping, outputs); None when
+    it lies outside."""
+    a, b = max(step["start"], lo), min(step["end"], hi)
+    dur = step["end"] - step["start"]
+    if b <= a or dur <= 0:
+        return None
+    model = min(step.get("model_s", 0.0), dur)
+    sample = min(step.get("sample_s", 0.0), model)
+    share = (b - a) / dur
+    return {"busy_s": b - a, "forward_s": share * (model - sample), "sample_s": share * sample,
+            "overhead_s": share * (dur - model)}
+
+
 def task_partition(session: SessionRecord, requests: list[RequestRecord], steps: list[dict]) -> dict:
     """The components of one task (seconds); `steps` on the bench clock, sorted by start."""
     t0, t1 = session.start_time, session.end_time
@@ -52,17 +67,12 @@ def task_partition(session: SessionRecord, requests: list[RequestRecord], steps:
         for st in steps:
             if st["start"] >= b:
                 break
-            lo, hi = max(st["start"], a), min(st["end"], b)
-            dur = st["end"] - st["start"]
-            if hi <= lo or dur <= 0:
+            split = step_split(st, a, b)
+            if split is None:
                 continue
-            part = hi - lo
-            model = min(st.get("model_s", 0.0), dur)
-            sample = min(st.get("sample_s", 0.0), model)
-            out["forward_s"] += part * (model - sample) / dur
-            out["sample_s"] += part * sample / dur
-            out["overhead_s"] += part * (dur - model) / dur
-            stepping += part
+            for key in ("forward_s", "sample_s", "overhead_s"):
+                out[key] += split[key]
+            stepping += split["busy_s"]
     out["not_stepping_s"] = max(0.0, flight_s - stepping)
     return out
 

@@ -26,7 +26,6 @@ from .compare_report import write_compare
 from .compare_runs import CompareTarget, PointRun, StackRun, is_url, safe_name
 from .load import LoadPoint
 from .machine_load import summarize_rounds
-from .records import read_requests, read_sessions
 from .rounds import merge_side, round_sizes, run_round, schedule
 from .runner import BenchConfig, build_source
 from .server_launch import ServerProcess, free_port, serve_command
@@ -142,8 +141,7 @@ def measure_interleaved(cfgs: dict[str, BenchConfig], targets: list[CompareTarge
     out = {}
     for name in names:
         side = folder / name / point.label
-        summary = merge_side(cfgs[name], point, rounds[name], side)
-        records, sessions = read_requests(side / "requests.jsonl"), read_sessions(side / "sessions.jsonl")
+        summary, records, sessions = merge_side(cfgs[name], point, rounds[name], side)
         parts = [p for rr in rounds[name] for p in (run_partitions(rr.run_dir) or [])]
         machine = summarize_rounds([rr.machine for rr in rounds[name]])
         (side / "machine_load.json").write_text(json.dumps(machine, indent=2))

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import psutil
 
+from .attribution import read_steps, step_split
 from .machine_load import MachineLoad
 from .metrics import SummaryParams, compute_summary
 from .records import read_requests, read_sessions, write_jsonl
@@ -102,30 +103,20 @@ def _tree_cpu_s(pid: int | None) -> float | None:
 
 
 def engine_time(run_dir: Path, start: float, end: float) -> dict | None:
-    """The engine's own time in [start, end] from its step records (written by the run):
-    busy = inside a step; forward = model run less sampling; the rest of a step is engine
-    overhead (scheduling, cache bookkeeping, output processing). None for servers without
-    step records."""
-    path = run_dir / "telemetry" / "engine_steps.jsonl"
-    if not path.exists():
+    """The engine's own time in [start, end] from its step records (written by the run): busy
+    (inside a step) and its forward / sampling / overhead split; None for servers without step
+    records."""
+    steps = read_steps(run_dir)
+    if steps is None:
         return None
-    busy = model = sample = 0.0
-    steps = 0
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        s = json.loads(line)
-        lo, hi = max(s["start"], start), min(s["end"], end)
-        dur = s["end"] - s["start"]
-        if hi <= lo or dur <= 0:
-            continue
-        share = (hi - lo) / dur  # a step cut by the window edge counts for its inside part
-        steps += 1
-        busy += hi - lo
-        model += share * s.get("model_s", 0.0)
-        sample += share * s.get("sample_s", 0.0)
-    return {"steps": steps, "busy_s": busy, "forward_s": max(0.0, model - sample), "sample_s": sample,
-            "overhead_s": max(0.0, busy - model)}
+    out = {"steps": 0, "busy_s": 0.0, "forward_s": 0.0, "sample_s": 0.0, "overhead_s": 0.0}
+    for st in steps:
+        split = step_split(st, start, end)
+        if split is not None:
+            out["steps"] += 1
+            for key, v in split.items():
+                out[key] += v
+    return out
 
 
 def run_round(cfg: BenchConfig, source, synth, point, run_dir: Path, index: int, position: int, side: str,
@@ -150,10 +141,10 @@ def run_round(cfg: BenchConfig, source, synth, point, run_dir: Path, index: int,
     return rr, summary.get("_next_session_index", first_session + (sessions or 0))
 
 
-def merge_side(cfg: BenchConfig, point, rounds: list[RoundRun], folder: Path) -> dict:
+def merge_side(cfg: BenchConfig, point, rounds: list[RoundRun], folder: Path) -> tuple[dict, list, list]:
     """One summary of a side's rounds: the records pooled, the rate metrics over the side's own
     measured time (the sum of its rounds), telemetry pooled; written to `folder` with the pooled
-    records (the rounds keep their own folders)."""
+    records (the rounds keep their own folders). Returns (summary, requests, sessions)."""
     records = [r for rr in rounds for r in read_requests(rr.run_dir / "requests.jsonl")]
     sessions = [s for rr in rounds for s in read_sessions(rr.run_dir / "sessions.jsonl")]
     first = rounds[0].summary
@@ -175,7 +166,7 @@ def merge_side(cfg: BenchConfig, point, rounds: list[RoundRun], folder: Path) ->
     write_jsonl(folder / "sessions.jsonl", sessions)
     (folder / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     summary["_manifest"] = first.get("_manifest")
-    return summary
+    return summary, records, sessions
 
 
 def merge_telemetry(parts: list[dict], weights: list[float]) -> dict:
