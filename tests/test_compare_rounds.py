@@ -108,4 +108,4 @@ def test_cotenant_cpu_counts_a_waited_child_as_ours():
         subprocess.run([sys.executable, "-c", spin], check=True)
     # the child's 0.6 CPU-s are counted as ours (so they cannot show up as a co-tenant's), however
     # busy the rest of the machine is
-    assert busy["ours_cpu_s"] >= 0.6 and busy["wall_s"] > 0.5 and busy["cotenant_cpu_percent"] >= 0
+    assert busy["ours_cpu_s"] >= 0.6 and busy["cotenant_cpu_percent"] >= 0
