@@ -6,6 +6,10 @@ ratios' point estimates lie within each other's CIs.
 
     python benchmarks/compare_under_load.py [--runs 4] [--out benchmarks/results/compare_under_load.json]
         [-- extra compare arguments]
+    python benchmarks/compare_under_load.py --rerun 1 --reason "..." --out FILE   # repeat run 1 of FILE
+
+`--rerun` repeats the named runs of an earlier result (same condition, same position in the
+order) and keeps the runs it replaces under `discarded`, with the reason, in the JSON.
 
 Runs `flashlane compare` from a snapshot of src/ taken at start (so editing the tree meanwhile
 does not change what is measured). About 20 min per idle run and 25 per busy one on 2 cores.
@@ -83,25 +87,50 @@ def verdicts_agree(runs: list[dict]) -> dict:
             "gap_ci_half_width_relative": half}
 
 
+def write(args, runs: list[dict], discarded: list[dict]) -> None:
+    doc = {"command": "flashlane compare " + " ".join(args.extra), "src": args.src or "snapshot of this tree",
+           "runs": runs, "checks": verdicts_agree(runs)}
+    if discarded:
+        doc["discarded"] = discarded
+    write_result("compare_under_load", doc, args.out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=4, help="runs, alternating idle and busy (default 4)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--work", default=None, help="folder for the compare outputs (default: a temp folder)")
     ap.add_argument("--max-run-s", type=float, default=3600.0)
+    ap.add_argument("--src", default=None, help="run compare from this src/ folder instead of a snapshot of "
+                    "this tree's (a rerun must measure the code the other runs measured)")
+    ap.add_argument("--rerun", default=None, help="comma-separated run numbers of --out to repeat")
+    ap.add_argument("--reason", default=None, help="why the --rerun runs are repeated (required with it)")
     ap.add_argument("extra", nargs="*", help="extra `flashlane compare` arguments (after --)")
     args = ap.parse_args()
-    src = snapshot_src()
+    previous, discarded, redo = None, [], None
+    if args.rerun is not None:
+        if not args.out or not args.reason:
+            ap.error("--rerun needs --out (the earlier result) and --reason")
+        previous = json.loads(Path(args.out).read_text())
+        redo = {int(i) for i in args.rerun.split(",")}
+        discarded = previous.get("discarded", [])
+        args.runs = len(previous["runs"])
+    src = Path(args.src).resolve() if args.src else snapshot_src()
     work = Path(args.work or tempfile.mkdtemp(prefix="flashlane-cul-"))
     work.mkdir(parents=True, exist_ok=True)
     runs: list[dict] = []
     for i in range(args.runs):
+        if previous is not None and i not in redo:
+            runs.append(previous["runs"][i])
+            continue
+        if previous is not None:
+            discarded.append({**previous["runs"][i], "discarded_because": args.reason})
         busy = i % 2 == 1
         print(f"run {i} ({'busy' if busy else 'idle'}) ...", file=sys.stderr, flush=True)
         runs.append(run_once(i, busy, src, work, args.extra, args.max_run_s))
         print(f"  {runs[-1].get('answer') or runs[-1]['stderr_tail']}", file=sys.stderr, flush=True)
-        write_result("compare_under_load", {"command": "flashlane compare " + " ".join(args.extra),
-                                            "runs": runs, "checks": verdicts_agree(runs)}, args.out)
+        write(args, runs + (previous or {"runs": []})["runs"][len(runs):], discarded)
+    write(args, runs, discarded)
     checks = verdicts_agree(runs)
     return 0 if checks["same_verdict_per_stack"] and checks["gap_points_within_each_others_ci"] else 1
 
