@@ -88,8 +88,7 @@ def verdicts_agree(runs: list[dict]) -> dict:
 
 
 def write(args, runs: list[dict], discarded: list[dict]) -> None:
-    doc = {"command": "flashlane compare " + " ".join(args.extra), "src": args.src or "snapshot of this tree",
-           "runs": runs, "checks": verdicts_agree(runs)}
+    doc = {"command": "flashlane compare " + " ".join(args.extra), "runs": runs, "checks": verdicts_agree(runs)}
     if discarded:
         doc["discarded"] = discarded
     write_result("compare_under_load", doc, args.out)
@@ -113,6 +112,8 @@ def main() -> int:
             ap.error("--rerun needs --out (the earlier result) and --reason")
         previous = json.loads(Path(args.out).read_text())
         redo = {int(i) for i in args.rerun.split(",")}
+        if not redo <= set(range(len(previous["runs"]))):
+            ap.error(f"--rerun {args.rerun}: {args.out} has runs 0-{len(previous['runs']) - 1}")
         discarded = previous.get("discarded", [])
         args.runs = len(previous["runs"])
     src = Path(args.src).resolve() if args.src else snapshot_src()
@@ -127,9 +128,10 @@ def main() -> int:
             discarded.append({**previous["runs"][i], "discarded_because": args.reason})
         busy = i % 2 == 1
         print(f"run {i} ({'busy' if busy else 'idle'}) ...", file=sys.stderr, flush=True)
-        runs.append(run_once(i, busy, src, work, args.extra, args.max_run_s))
+        runs.append({**run_once(i, busy, src, work, args.extra, args.max_run_s), "src": str(src)})
         print(f"  {runs[-1].get('answer') or runs[-1]['stderr_tail']}", file=sys.stderr, flush=True)
-        write(args, runs + (previous or {"runs": []})["runs"][len(runs):], discarded)
+        pending = previous["runs"][len(runs):] if previous else []
+        write(args, runs + pending, discarded)
     write(args, runs, discarded)
     checks = verdicts_agree(runs)
     return 0 if checks["same_verdict_per_stack"] and checks["gap_points_within_each_others_ci"] else 1

@@ -47,6 +47,7 @@ def test_rerun_replaces_only_the_named_run_and_keeps_it_as_discarded(cul, tmp_pa
                                       "--src", str(tmp_path), "--out", str(out), "--work", str(tmp_path / "w")])
     assert cul.main() == 0
     assert calls == [(1, True, tmp_path.resolve())]
+    assert doc_src(out) == [None, str(tmp_path.resolve()), None, None]
     doc = json.loads(out.read_text())
     assert [r["findings"]["hybrid-cache-gap"]["ratio"] for r in doc["runs"]] == [1.35, 1.26, 1.31, 1.33]
     assert doc["discarded"][0]["findings"]["hybrid-cache-gap"]["ratio"] == 1.53
@@ -58,3 +59,15 @@ def test_rerun_needs_a_reason(cul, tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["cul", "--rerun", "1", "--out", str(tmp_path / "x.json")])
     with pytest.raises(SystemExit):
         cul.main()
+
+
+def test_rerun_of_a_run_the_result_does_not_have_is_refused(cul, tmp_path, monkeypatch):
+    out = tmp_path / "cul.json"
+    out.write_text(json.dumps({"runs": [_run(0, 1.35, 1.18, 1.55)]}))
+    monkeypatch.setattr(sys, "argv", ["cul", "--rerun", "3", "--reason", "r", "--out", str(out)])
+    with pytest.raises(SystemExit):
+        cul.main()
+
+
+def doc_src(out):
+    return [r.get("src") for r in json.loads(out.read_text())["runs"]]
