@@ -121,6 +121,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="int8 weights for every linear, the MoE experts and the LM head; w8a8 also "
                         "quantises activations per token where that measures faster (prefill on "
                         "VNNI/AMX CPUs); the kernel choice is printed at start-up (default: none)")
+    p.add_argument("--kernel-backend", default=d.kernel_backend, metavar="NAME",
+                   help="kernels the model ops run on: auto (the preferred backend for the device) or a "
+                        "registered backend name (built in: cpu, the plain-torch kernels); the choice is "
+                        "printed at start-up (default: auto)")
     p.add_argument("--skip-tokenizer-init", action="store_true", default=d.skip_tokenizer_init,
                    help="load no tokenizer (a checkpoint without tokenizer.json): prompts and outputs are "
                         "token ids, output text is empty")
@@ -179,6 +183,6 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         "quantization",
         "scheduler", "static_batch_size",
         "kv_cache_dtype", "index_topk",
-        "skip_tokenizer_init",
+        "skip_tokenizer_init", "kernel_backend",
         "enable_prefix_caching", "checkpoint_share", "host_cache_memory", "disk_cache_dir", "disk_cache_bytes",
         "disk_load_timeout_s")}

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels.backends import KernelBackend
 from ..models.cache_tensors import CacheTensors
 from ..models.forward_batch import ForwardBatch
 from .engine_args import check_sizes
@@ -63,12 +64,13 @@ class CompiledDecode:
     """``run(batch) -> hidden`` through the compiled graph of the batch's bucket."""
 
     def __init__(self, model: torch.nn.Module, cache: CacheTensors, sizes, index_topk: int | None,
-                 min_width: int = 1, mode: str | None = None):
+                 min_width: int = 1, mode: str | None = None, ops: KernelBackend | None = None):
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = compile_cache_dir()
         self.model = model
         self.cache = cache
         self.sizes = check_sizes(sizes)
         self.index_topk = index_topk
+        self.ops = ops              # one backend object for every batch: graphs are traced against it
         # two pages at least: the width is a dynamic dim, and torch specialises sizes 0 and 1
         self.min_width = max(2, min_width)
         # One compiled function; its graphs are cached per guard set: batch size 1 gets its own
@@ -101,7 +103,7 @@ class CompiledDecode:
             raise ValueError(f"{len(tokens)} sequences exceed the largest compiled bucket {self.max_size}")
         width = self.width(max(len(t) for t in tables))
         return ForwardBatch.padded_decode(tokens, positions, tables, slots, self.cache, size, width,
-                                          self.index_topk)
+                                          self.index_topk, ops=self.ops)
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         """Hidden states of every row of a padded batch (padding rows included)."""
@@ -132,7 +134,7 @@ class CompiledDecode:
         for size in self.sizes:
             for pages in (self.min_width, self.min_width + WIDTH_MULTIPLE):
                 batch = ForwardBatch.padded_decode([], [], [], [], self.cache, size, self.width(pages),
-                                                   self.index_topk)
+                                                   self.index_topk, ops=self.ops)
                 self.run(batch)
         self.calls = {b: 0 for b in self.sizes}
         self._warmed = True

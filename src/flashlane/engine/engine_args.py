@@ -43,6 +43,7 @@ class EngineArgs:
     scheduler: str = "continuous"        # continuous | static (fixed batches run to completion)
     static_batch_size: int = 32          # static: requests per batch, taken in arrival order
     step_log_size: int = 100_000         # engine step records kept (ring buffer; /debug/steps)
+    kernel_backend: str = "auto"         # kernels the model ops run on: auto (chosen for the device) | a name
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineArgs":
@@ -96,3 +97,11 @@ class EngineArgs:
         if (self.host_cache_memory or self.disk_cache_dir) and not self.enable_prefix_caching:
             raise ValueError("host_cache_memory / disk_cache_dir are tiers of the prefix cache: "
                              "they need enable_prefix_caching")
+        self._check_kernel_backend()
+
+    def _check_kernel_backend(self) -> None:
+        from ..kernels.backends import select_backend   # torch and the kernels: only when validating
+
+        if not isinstance(self.kernel_backend, str):
+            raise ValueError(f"kernel_backend must be 'auto' or a backend name, got {self.kernel_backend!r}")
+        select_backend(self.device, self.kernel_backend)   # ValueError naming kernel_backend and the known ones

@@ -48,6 +48,8 @@ class EngineInfo:
     num_threads: int | None = None
     # static-graph decode (compile=True): {"sizes", "warmup_s", "cache_dir"}; None = eager only
     compiled_decode: dict | None = None
+    # the kernel backend every model op runs on: {"name", "description"} (engine arg kernel_backend)
+    kernel_backend: dict | None = None
 
     # fields of the info that are not part of the start-up report (kept as it always was)
     _NOT_REPORTED = ("vocab_size", "quantization_summary")
@@ -61,10 +63,12 @@ class EngineInfo:
 
     def describe_weights(self) -> str:
         """One line for the start-up log: the weights' dtype (and why, for "auto"), their bytes
-        as held, and what was quantised with which kernels."""
+        as held, the kernel backend, and what was quantised with which kernels."""
         line = f"weights {self.weight_bytes / 2**20:.1f} MiB {self.dtype}"
         if self.dtype_reason:
             line += f" (dtype auto: {self.dtype_reason})"
+        if self.kernel_backend:
+            line += f"; kernel backend {self.kernel_backend['description']}"
         return line + "; " + self.quantization_summary
 
     def describe_compile(self) -> str:

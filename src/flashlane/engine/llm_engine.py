@@ -11,6 +11,7 @@ from collections import Counter
 import torch
 
 from ..cache_spec import cache_spec, chunk_multiple
+from ..kernels.backends import select_backend
 from ..models.dsa_attention import check_index_topk
 from ..models.loader import auto_cpu_dtype_choice
 from ..models.protocol import CausalLM, Compilable
@@ -46,6 +47,7 @@ class LLMEngine:
         self.args = args
         if args.num_threads:
             torch.set_num_threads(args.num_threads)
+        self.ops = select_backend(args.device, args.kernel_backend)   # once, for every op of every step
         loaded_here = isinstance(model, str)
         self._load(model)
         spec = cache_spec(self.config, args.page_size, args.kv_cache_dtype)
@@ -56,7 +58,8 @@ class LLMEngine:
         self._build_scheduler(max_running)
         compiled = self._compiled_decode(spec, max_running) if args.compile else None
         self.grammars = Grammars(self.tokenizer, self.config.vocab_size, self.config.eos_token_ids)
-        self.runner = ModelRunner(self.model, self.cache, args.seed, args.index_topk, compiled, self.grammars)
+        self.runner = ModelRunner(self.model, self.cache, args.seed, args.index_topk, compiled, self.grammars,
+                                  ops=self.ops)
         self.requests: dict[str, Request] = {}
         self.step_stats = StepLog(args.step_log_size)
         self._num_steps = 0
@@ -84,7 +87,8 @@ class LLMEngine:
             raise TypeError(f"{type(model.model).__name__} is not a CausalLM (forward(batch), compute_logits(hidden))")
         self.model: CausalLM = model.model
         self.dtype = _model_dtype(self.model)
-        self.quant = quantize(self.model, args.quantization, device=args.device) if args.quantization else None
+        self.quant = (quantize(self.model, args.quantization, device=args.device, ops=self.ops)
+                      if args.quantization else None)
         if isinstance(self.model, Compilable):
             self.model.set_compile(args.compile)
         self.config = model.config
@@ -126,7 +130,7 @@ class LLMEngine:
         sizes = [b for b in args.compile_sizes if b < max_running] + [min(max_running, args.compile_sizes[-1])]
         return CompiledDecode(self.model, self.cache.tensors, sizes, args.index_topk,
                               min_width=-(-(self.index_topk or 0) // spec.page_size),
-                              mode=cuda_graph_mode(args.device))
+                              mode=cuda_graph_mode(args.device), ops=self.ops)
 
     def _engine_info(self, spec, plan: CachePlan, max_running: int, loaded_here: bool) -> EngineInfo:
         args, config = self.args, self.config
@@ -154,6 +158,7 @@ class LLMEngine:
             dtype_reason=(auto_cpu_dtype_choice().why if args.dtype == "auto" and loaded_here
                           and torch.device(args.device).type == "cpu" else None),
             num_threads=torch.get_num_threads(),
+            kernel_backend={"name": self.ops.name, "description": self.ops.describe()},
         )
 
     def _warm_up(self) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels.backends import KernelBackend
 from ..kernels.sampling import sample, topk_logprobs
 from ..models.forward_batch import ForwardBatch
 from ..trace_ranges import profiling_range
@@ -26,7 +27,9 @@ class SeqResult:
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, cache: CacheManager, seed: int = 0, index_topk: int | None = None,
-                 compiled: CompiledDecode | None = None, grammars: Grammars | None = None):
+                 compiled: CompiledDecode | None = None, grammars: Grammars | None = None,
+                 ops: KernelBackend | None = None):
+        self.ops = ops                    # the kernel backend every batch carries (None: the device's default)
         self.index_topk = index_topk      # the engine's sparse-attention override (None: the config's)
         self.model = model
         self.cache = cache
@@ -48,7 +51,8 @@ class ModelRunner:
             starts.append(c)
             tables.append(self.cache.block_table(s.req))
             slots.append(self.cache.state_slot(s.req))
-        batch = ForwardBatch.build(new_tokens, starts, tables, slots, self.cache.tensors, self.index_topk)
+        batch = ForwardBatch.build(new_tokens, starts, tables, slots, self.cache.tensors, self.index_topk,
+                                   ops=self.ops)
         hidden = self.model(batch)
         return self._timed_sample(seqs, starts, batch.cu_q.tolist(), hidden)
 

@@ -79,9 +79,86 @@ def write_index_keys(index_keys: torch.Tensor, keys: torch.Tensor, *, slot_mappi
 
 def _score_pools(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, scale: float) -> torch.Tensor:
     """``sum_h w[h] * ReLU(q_h . k_p * scale)``: q [G, S, H, D], w [G, S, H], keys [G, M, D] -> [G, S, M]."""
-    s = torch.matmul(q.float(), keys.float().transpose(-1, -2).unsqueeze(1))   # [G, S, H, M]
-    s = F.relu(s * scale)
+    g, n, h, d = q.shape
+    # one [S*H, D] x [D, M] product per sequence: a broadcast matmul over S ([G, S, H, D] x
+    # [G, 1, D, M]) runs S tiny ones, ~3x slower
+    s = torch.matmul(q.float().reshape(g, n * h, d), keys.float().transpose(-1, -2)).view(g, n, h, -1)
+    s = s.mul_(scale).relu_()                  # in place: the largest tensor here
     return torch.matmul(w.float().unsqueeze(-2), s).squeeze(-2)
+
+
+def _top_pools(scores: torch.Tensor, n: int, threshold: torch.Tensor | None = None) -> torch.Tensor:
+    """Indices of the ``n`` highest scores along the last dim, highest first, equal scores lower
+    index first: the first ``n`` of a stable descending sort, without sorting all of them.
+    ``threshold``: the n-th highest score [..., 1] where known. Shape-stable (no data-dependent
+    sizes), so it also runs in a compiled decode step; exact while M <= 2**24."""
+    if threshold is None:
+        threshold = scores.topk(n, dim=-1).values[..., -1:]
+    # all scores above the threshold are in; of those equal to it, the lowest indices
+    rank = torch.arange(scores.shape[-1], 0, -1, device=scores.device, dtype=scores.dtype)
+    key = torch.where(scores > threshold, float("inf"), torch.where(scores == threshold, rank, -1.0))
+    return _order_picks(scores, key.topk(n, dim=-1).indices)
+
+
+def _order_picks(scores: torch.Tensor, picks: torch.Tensor) -> torch.Tensor:
+    """``picks`` (indices into the last dim of ``scores``) by descending score, lower index first."""
+    picks = picks.sort(dim=-1).values
+    order = scores.gather(-1, picks).sort(dim=-1, descending=True, stable=True).indices
+    return picks.gather(-1, order)
+
+
+def _top_pools_prefill(scores: torch.Tensor, n: int) -> torch.Tensor:
+    """``_top_pools`` with one topk for the rows whose n-th and (n+1)-th scores differ (no tie
+    straddles the cut, so topk's set is the right one); the others take the exact path."""
+    if n == scores.shape[-1]:
+        return _order_picks(scores, torch.arange(n, device=scores.device).expand_as(scores))
+    vals, picks = scores.topk(n + 1, dim=-1)
+    picks = _order_picks(scores, picks[..., :n])
+    straddle = vals[..., n] == vals[..., n - 1]
+    if straddle.any():
+        picks[straddle] = _top_pools(scores[straddle], n, vals[straddle][:, n - 1:n])
+    return picks
+
+
+def _pick_pools(q, w, keys, visible_pools, *, n_sel, kpool, scale, prefill=False):
+    """Token slots of the ``n_sel`` best selectable pools of ``keys`` [G, M, D] for queries
+    q [G, S, H, D] -> [G, S, n_sel * kpool], -1 = empty (also where M < n_sel). A pool is
+    selectable below the query's ``visible_pools``."""
+    m = keys.shape[1]
+    n = min(n_sel, m)
+    scores = _score_pools(q, w, keys, scale)
+    if prefill:    # only pools at or past the block's smallest visible count can be masked
+        lo = min(int(visible_pools.min()), m)
+        tail = scores[..., lo:]
+        tail.masked_fill_(torch.arange(lo, m, device=q.device) >= visible_pools[..., None], float("-inf"))
+        order = _top_pools_prefill(scores, n)
+    else:
+        masked = torch.arange(m, device=q.device) >= visible_pools[..., None]
+        order = _top_pools(scores.masked_fill(masked, float("-inf")), n)
+    tok = order[..., None] * kpool + torch.arange(kpool, device=q.device)
+    tok = tok.masked_fill((order >= visible_pools[..., None])[..., None], -1).flatten(-2)
+    if n < n_sel:
+        tok = F.pad(tok, (0, (n_sel - n) * kpool), value=-1)
+    return tok
+
+
+def _query_blocks(visible_pools: torch.Tensor, per_pool: int, m: int):
+    """Split S prefill queries into blocks ``(start, end, pools)``: a block scores only the
+    ``pools`` its queries can see (at least 1), as many queries as keep
+    ``(end - start) * per_pool * pools`` within _SCORE_BLOCK (at least one)."""
+    need = visible_pools.amax(0).cummax(0).values.clamp(1, m).tolist()   # nondecreasing
+    budget = _SCORE_BLOCK // per_pool
+    s, a = len(need), 0
+    while a < s:
+        lo, hi = a + 1, s      # largest end that fits: the cost grows with the end
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if (mid - a) * need[mid - 1] <= budget:
+                lo = mid
+            else:
+                hi = mid - 1
+        yield a, lo, need[lo - 1]
+        a = lo
 
 
 def _select_group(q, w, keys, visible_pools, query_pos, *, topk, kpool, select_tail, scale):
@@ -93,18 +170,13 @@ def _select_group(q, w, keys, visible_pools, query_pos, *, topk, kpool, select_t
     n_sel = min(topk // kpool, m)
     parts = []
     if n_sel > 0:
-        # one query per sequence (decode) is never chunked: its block size need not be known
-        chunk = 1 if s == 1 else max(1, _SCORE_BLOCK // max(1, g * q.shape[2] * m))
-        picks = []
-        for a in range(0, s, chunk):
-            scores = _score_pools(q[:, a:a + chunk], w[:, a:a + chunk], keys, scale)
-            selectable = torch.arange(m, device=dev) < visible_pools[:, a:a + chunk, None]
-            scores = scores.masked_fill(~selectable, float("-inf"))
-            order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :n_sel]
-            ok = selectable.gather(-1, order)
-            tok = order[..., None] * kpool + torch.arange(kpool, device=dev)
-            picks.append(tok.masked_fill(~ok[..., None], -1).flatten(-2))
-        parts.append(torch.cat(picks, dim=1))
+        opts = dict(n_sel=n_sel, kpool=kpool, scale=scale)
+        if s == 1:    # decode: every pool scored, shapes set by M alone (a compiled step needs that)
+            parts.append(_pick_pools(q, w, keys, visible_pools, **opts))
+        else:         # prefill: a query block scores only the pools below its last query
+            parts.append(torch.cat([
+                _pick_pools(q[:, a:e], w[:, a:e], keys[:, :mv], visible_pools[:, a:e], prefill=True, **opts)
+                for a, e, mv in _query_blocks(visible_pools, g * q.shape[2], m)], dim=1))
     if n_sel * kpool < topk:
         parts.append(torch.full((g, s, topk - n_sel * kpool), -1, dtype=torch.long, device=dev))
     if select_tail and kpool > 1:

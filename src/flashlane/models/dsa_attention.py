@@ -13,24 +13,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
-from ..kernels.indexer import select_positions, select_positions_decode, write_index_keys
-from ..kernels.kv_store import write_rows
-from ..kernels.rope import RopeCache, apply_rope
-from ..kernels.sparse_mla import sparse_mla_attention
+from ..kernels.backends import KernelBackend
 from ..trace_ranges import profiling_range
 from .forward_batch import ForwardBatch
 from .layers import Fp32Linear, KeepFp32, RMSNorm
 
 
-def _rope_cos_sin(rope: RopeCache | None, batch: ForwardBatch):
-    return None if rope is None else rope.cos_sin(batch.positions)
-
-
-def _rope_front(x: torch.Tensor, dim: int, cos_sin) -> torch.Tensor:
+def _rope_front(ops: KernelBackend, x: torch.Tensor, dim: int, cos_sin) -> torch.Tensor:
     """RoPE on the first ``dim`` channels of the last axis (the indexer's ``[rope | nope]`` layout)."""
     if cos_sin is None or dim == 0:
         return x
-    return torch.cat([apply_rope(x[..., :dim], *cos_sin), x[..., dim:]], dim=-1)
+    return torch.cat([ops.rope(x[..., :dim], *cos_sin), x[..., dim:]], dim=-1)
 
 
 class Indexer(KeepFp32):
@@ -58,43 +51,27 @@ class Indexer(KeepFp32):
     @torch.no_grad()
     def forward(self, x: torch.Tensor, cq: torch.Tensor, batch: ForwardBatch, cos_sin=None) -> torch.Tensor:
         n = x.shape[0]
-        cache, spec = batch.cache, batch.cache.spec
-        row = spec.index_row_of[self.layer_id]
-        key_scale = cache.layer("index_keys_scale", row)
-        q = _rope_front(self.wq_b(cq).view(n, self.n_heads, self.head_dim), self.rope_dim, cos_sin)
-        k = _rope_front(self.k_norm(self.wk(x)), self.rope_dim, cos_sin)
+        cache, ops = batch.cache, batch.ops
+        row = cache.spec.index_row_of[self.layer_id]
+        keys, key_scale = cache.layer("index_keys", row), cache.layer("index_keys_scale", row)
+        q = _rope_front(ops, self.wq_b(cq).view(n, self.n_heads, self.head_dim), self.rope_dim, cos_sin)
+        k = _rope_front(ops, self.k_norm(self.wk(x)), self.rope_dim, cos_sin)
         w = self.weights_proj(x.to(self.weights_proj.weight.dtype)).float() * self.n_heads ** -0.5
         if self.kpool == 1:
-            write_index_keys(cache.layer("index_keys", row), k, slot_mapping=batch.slot_mapping, page_size=spec.page_size,
-                             key_scale=key_scale)
+            ops.write_index_keys(keys, k, key_scale, batch)
         else:
-            q_lens = batch.cu_q[1:] - batch.cu_q[:-1]
-            write_index_keys(
-                cache.layer("index_keys", row), k, slot_mapping=batch.slot_mapping, page_size=spec.page_size,
-                kpool=self.kpool, gates=F.linear(x, self.index_kpool_compress_gate),
-                ape=self.index_kpool_compress_ape, tail=cache.layer("index_tail", row), positions=batch.positions,
-                seq_of_token=batch.seq_of_token, start_of_seq=batch.ctx_lens_t - q_lens,
-                ctx_of_seq=batch.ctx_lens_t, block_tables=batch.block_tables, state_slots=batch.state_slots,
-                key_scale=key_scale)
-        topk = batch.index_topk or self.topk
-        if batch.static:
-            return select_positions_decode(
-                q, w, cache.layer("index_keys", row), positions=batch.positions, block_tables=batch.block_tables,
-                page_size=spec.page_size, topk=topk, kpool=self.kpool, always_select_tail=self.always_select_tail,
-                key_scale=key_scale)
-        return select_positions(
-            q, w, cache.layer("index_keys", row), positions=batch.positions, q_lens=batch.q_lens,
-            ctx_lens=batch.ctx_lens, block_tables=batch.block_tables, page_size=spec.page_size,
-            topk=topk, kpool=self.kpool, always_select_tail=self.always_select_tail,
-            key_scale=key_scale)
+            ops.write_index_keys(keys, k, key_scale, batch, kpool=self.kpool,
+                                 gates=F.linear(x, self.index_kpool_compress_gate),
+                                 ape=self.index_kpool_compress_ape, tail=cache.layer("index_tail", row))
+        return ops.select_positions(q, w, keys, key_scale, batch, topk=batch.index_topk or self.topk,
+                                    kpool=self.kpool, always_select_tail=self.always_select_tail)
 
 
 class DSAAttention(nn.Module):
     """MLA + DSA for one layer. ``forward(x [N, H] normed, batch, shared_selection) -> (out [N, H],
     selection [N, K] int64 absolute positions, -1 = empty)``."""
 
-    def __init__(self, cfg: ModelConfig, layer_id: int, rope: RopeCache | None = None,
-                 indexer_type: str | None = None):
+    def __init__(self, cfg: ModelConfig, layer_id: int, indexer_type: str | None = None):
         super().__init__()
         self.layer_id = layer_id
         self.num_heads = cfg.num_heads
@@ -113,27 +90,26 @@ class DSAAttention(nn.Module):
         if kind not in ("full", "shared"):
             raise ValueError(f"layer {layer_id}: DSA indexer type must be 'full' or 'shared', got {kind!r}")
         self.indexer = Indexer(cfg, layer_id) if kind == "full" else None
-        if self.rope_dim and rope is None:
-            rope = RopeCache(self.rope_dim, cfg.rope_theta)
-        self.rope = rope if self.rope_dim else None
+        self.rope_theta = cfg.rope_theta
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch,
                 shared_selection: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         n = x.shape[0]
-        spec = batch.cache.spec
+        ops = batch.ops
         cq = self.q_a_layernorm(self.q_a_proj(x))
         q = self.q_b_proj(cq).view(n, self.num_heads, self.nope + self.rope_dim)
         q_nope, q_rope = q.split([self.nope, self.rope_dim], dim=-1)
         c, k_rope = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
         ckv = self.kv_a_layernorm(c)
-        cos_sin = _rope_cos_sin(self.rope, batch)
-        if cos_sin is not None:
-            q_rope, k_rope = apply_rope(q_rope, *cos_sin), apply_rope(k_rope, *cos_sin)
+        cos_sin = None
+        if self.rope_dim:
+            cos_sin = ops.rope_cos_sin(batch.positions, self.rope_dim, self.rope_theta)
+            q_rope, k_rope = ops.rope(q_rope, *cos_sin), ops.rope(k_rope, *cos_sin)
 
-        cache, row = batch.cache, spec.latent_row(self.layer_id)
+        cache, row = batch.cache, batch.cache.spec.latent_row(self.layer_id)
         latent = cache.layer("latent", row)
         latent_scale = cache.layer("latent_scale", row)
-        write_rows(latent, latent_scale, batch.slot_mapping, torch.cat([ckv, k_rope], dim=-1))
+        ops.write_kv_rows(latent, latent_scale, torch.cat([ckv, k_rope], dim=-1), batch)
 
         if self.indexer is not None:
             with profiling_range("indexer"):
@@ -146,10 +122,8 @@ class DSAAttention(nn.Module):
 
         w_kv = self.kv_b_proj.weight.view(self.num_heads, self.nope + self.v_dim, self.kv_lora_rank)
         q_latent = torch.einsum("nhd,hdc->nhc", q_nope, w_kv[:, : self.nope])
-        o_latent = sparse_mla_attention(
-            q_latent, q_rope if self.rope_dim else None, latent, selection,
-            block_tables=batch.block_tables, seq_of_token=batch.seq_of_token,
-            page_size=spec.page_size, scale=self.scale, latent_scale=latent_scale)
+        o_latent = ops.sparse_mla(q_latent, q_rope if self.rope_dim else None, latent, latent_scale, selection,
+                                  batch, scale=self.scale)
         o = torch.einsum("nhc,hvc->nhv", o_latent, w_kv[:, self.nope:]).reshape(n, self.num_heads * self.v_dim)
         return self.o_proj(o), selection
 

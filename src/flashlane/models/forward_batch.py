@@ -6,6 +6,8 @@ Token ``j`` of sequence ``b`` sits at flat index ``cu_q[b] + j`` and absolute po
 ``slot_mapping`` (``page * page_size + offset``) in each paged pool; sequence ``b`` reads its
 history through ``block_tables[b]`` and its per-sequence state through ``state_slots[b]``.
 Page 0 and state slot 0 are null (padding targets), never handed to a sequence.
+``ops`` is the kernel backend the model runs its ops through (``kernels.backends``; chosen once by
+the engine, default: the preferred one for the cache's device).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels.backends import KernelBackend, select_backend
 from .cache_tensors import CacheTensors
 
 
@@ -33,8 +36,17 @@ class ForwardBatch:
     index_topk: int | None = None  # DSA selection size overriding the config's (engine ``index_topk``)
     # A padded decode batch (``padded_decode``): one token per sequence, row b = sequence b, no
     # host-side lists (``q_lens``/``ctx_lens`` are None), so a compiled forward sees only tensors
-    # of fixed shapes. Models take their branch-free paths for it.
+    # of fixed shapes. The kernel backend's ops take their branch-free paths for it.
     static: bool = False
+    ops: KernelBackend | None = None   # None: select_backend(cache.device)
+
+    def __post_init__(self) -> None:
+        if self.ops is None:
+            self.ops = select_backend(self.cache.device)
+
+    @property
+    def page_size(self) -> int:
+        return self.cache.spec.page_size
 
     @property
     def num_seqs(self) -> int:
@@ -50,7 +62,8 @@ class ForwardBatch:
 
     @classmethod
     def build(cls, new_tokens: list[list[int]], start_lens: list[int], block_tables: list[list[int]],
-              state_slots: list[int], cache: CacheTensors, index_topk: int | None = None) -> "ForwardBatch":
+              state_slots: list[int], cache: CacheTensors, index_topk: int | None = None,
+              ops: KernelBackend | None = None) -> "ForwardBatch":
         """Assemble the metadata for sequences whose first ``start_lens[b]`` tokens are cached."""
         page = cache.spec.page_size
         q_lens = [len(t) for t in new_tokens]
@@ -76,13 +89,13 @@ class ForwardBatch:
         return cls(
             input_ids=t(ids), positions=t(pos), q_lens=q_lens, ctx_lens=ctx, cu_q=cu.to(dev),
             ctx_lens_t=t(ctx), block_tables=tables.to(dev), slot_mapping=t(slots),
-            state_slots=t(state_slots), seq_of_token=t(owner), cache=cache, index_topk=index_topk,
+            state_slots=t(state_slots), seq_of_token=t(owner), cache=cache, index_topk=index_topk, ops=ops,
         )
 
     @classmethod
     def padded_decode(cls, tokens: list[int], positions: list[int], block_tables: list[list[int]],
                       state_slots: list[int], cache: CacheTensors, size: int, width: int,
-                      index_topk: int | None = None) -> "ForwardBatch":
+                      index_topk: int | None = None, ops: KernelBackend | None = None) -> "ForwardBatch":
         """One new token per sequence at ``positions[b]``, padded to ``size`` sequences and block
         tables of ``width`` pages. Padding rows are sequences of one token at position 0 on the
         null page and the null state slot, so whatever they write lands where nothing reads."""
@@ -104,5 +117,5 @@ class ForwardBatch:
             cu_q=torch.arange(size + 1, device=dev), ctx_lens_t=(pos + 1).to(dev),
             block_tables=tables.to(dev), slot_mapping=slot_mapping.to(dev),
             state_slots=t(list(state_slots) + [0] * pad), seq_of_token=torch.arange(size, device=dev),
-            cache=cache, index_topk=index_topk, static=True,
+            cache=cache, index_topk=index_topk, static=True, ops=ops,
         )

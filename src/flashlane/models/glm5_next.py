@@ -15,8 +15,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
-from ..kernels.compiled import compiled
-from ..kernels.mhc import hc_post, hc_pre
+from ..kernels.backends import KernelBackend, select_backend
 from ..trace_ranges import profiling_range
 from .dsa_attention import DSAAttention
 from .forward_batch import ForwardBatch
@@ -34,12 +33,14 @@ class HyperConnection(nn.Module):
         self.base = nn.Parameter(torch.zeros((2 + n) * n))
         self.scale = nn.Parameter(torch.ones(3))
         self.norm_eps, self.hc_eps, self.iters = cfg.rms_norm_eps, cfg.hc_eps, cfg.hc_sinkhorn_iters
-        self.pre_fn = hc_pre
+        self.compile_mhc = False   # set_compile: the backend may run the mHC math compiled
 
-    def forward(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(self, streams: torch.Tensor, ops: KernelBackend | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """streams [N, n, H] -> (sublayer input [N, H], post [N, n], comb [N, n, n])."""
-        return self.pre_fn(streams, self.fn, self.base, self.scale, norm_eps=self.norm_eps,
-                      hc_eps=self.hc_eps, sinkhorn_iters=self.iters)
+        ops = select_backend(streams.device) if ops is None else ops
+        return ops.mhc_pre(streams, self.fn, self.base, self.scale, norm_eps=self.norm_eps,
+                           hc_eps=self.hc_eps, sinkhorn_iters=self.iters, compiled=self.compile_mhc)
 
 
 class Glm5NextDecoderLayer(nn.Module):
@@ -57,14 +58,15 @@ class Glm5NextDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.attn_hc = HyperConnection(cfg)
         self.ffn_hc = HyperConnection(cfg)
-        self.post_fn = hc_post
+        self.compile_mhc = False   # set_compile: the backend may run the mHC math compiled
 
     def forward(self, streams: torch.Tensor, batch: ForwardBatch, selection: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """streams [N, n, H]; ``selection`` is the previous full DSA layer's choice (or None).
         Returns the new streams and this layer's selection (None for KDA layers)."""
+        ops = batch.ops
         with profiling_range("mhc"):
-            u, post, comb = self.attn_hc(streams)
+            u, post, comb = self.attn_hc(streams, ops)
         with profiling_range("norm"):
             h = self.input_layernorm(u)
         if self.mixer == "kda":
@@ -74,13 +76,13 @@ class Glm5NextDecoderLayer(nn.Module):
             with profiling_range("dsa_attention"):
                 y, selection = self.self_attn(h, batch, selection)
         with profiling_range("mhc"):
-            streams = self.post_fn(y, streams, post, comb)
-            u, post, comb = self.ffn_hc(streams)
+            streams = ops.mhc_post(y, streams, post, comb, compiled=self.compile_mhc)
+            u, post, comb = self.ffn_hc(streams, ops)
         with profiling_range("norm"):
             h = self.post_attention_layernorm(u)
-        y = self.mlp(h)   # the MLP / MoE opens its own ranges
+        y = self.mlp(h, ops)   # the MLP / MoE opens its own ranges
         with profiling_range("mhc"):
-            streams = self.post_fn(y, streams, post, comb)
+            streams = ops.mhc_post(y, streams, post, comb, compiled=self.compile_mhc)
         return streams, selection
 
 
@@ -177,12 +179,11 @@ class Glm5NextForCausalLM(nn.Module):
         """Nothing derived: the absorbed MLA projections are views of ``kv_b_proj``."""
 
     def set_compile(self, on: bool) -> None:
-        """Run the mHC pre/post math through torch.compile or eagerly (see kernels/compiled.py)."""
+        """Ask the kernel backend to run the mHC pre/post math compiled (the cpu backend:
+        torch.compile, see kernels/compiled.py) or eagerly."""
         for m in self.modules():
-            if isinstance(m, HyperConnection):
-                m.pre_fn = compiled(hc_pre) if on else hc_pre
-            elif isinstance(m, Glm5NextDecoderLayer):
-                m.post_fn = compiled(hc_post) if on else hc_post
+            if isinstance(m, (HyperConnection, Glm5NextDecoderLayer)):
+                m.compile_mhc = on
 
 
 __all__ = ["Glm5NextForCausalLM", "Glm5NextDecoderLayer", "Glm5NextMTPLayer", "HyperConnection"]

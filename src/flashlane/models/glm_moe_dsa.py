@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
-from ..kernels.rope import RopeCache
 from ..trace_ranges import profiling_range
 from .dsa_attention import DSAAttention
 from .forward_batch import ForwardBatch
@@ -19,11 +18,11 @@ from .layers import MoE, RMSNorm, dense_or_moe
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, rope: RopeCache, ffn: nn.Module | None = None,
+    def __init__(self, cfg: ModelConfig, layer_id: int, ffn: nn.Module | None = None,
                  indexer_type: str | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = DSAAttention(cfg, layer_id, rope=rope, indexer_type=indexer_type)
+        self.self_attn = DSAAttention(cfg, layer_id, indexer_type=indexer_type)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = ffn if ffn is not None else dense_or_moe(cfg, layer_id)
 
@@ -35,15 +34,15 @@ class DecoderLayer(nn.Module):
             h = h + attn
         with profiling_range("norm"):
             x = self.post_attention_layernorm(h)
-        return h + self.mlp(x), selection   # the MLP / MoE opens its own ranges
+        return h + self.mlp(x, batch.ops), selection   # the MLP / MoE opens its own ranges
 
 
 class MTPLayer(DecoderLayer):
     """DeepSeek nextn block: ``eh_proj([enorm(embed) ; hnorm(hidden)])`` then one DSA+MoE block and
     ``shared_head.norm``. Weights only: loaded so checkpoints load strictly; nothing drafts with it."""
 
-    def __init__(self, cfg: ModelConfig, layer_id: int, rope: RopeCache):
-        super().__init__(cfg, layer_id, rope, ffn=MoE(cfg), indexer_type="full")
+    def __init__(self, cfg: ModelConfig, layer_id: int):
+        super().__init__(cfg, layer_id, ffn=MoE(cfg), indexer_type="full")
         h = cfg.hidden_size
         self.enorm = RMSNorm(h, cfg.rms_norm_eps)
         self.hnorm = RMSNorm(h, cfg.rms_norm_eps)
@@ -56,10 +55,9 @@ class GlmMoeDsaModel(nn.Module):
     def __init__(self, cfg: ModelConfig, with_mtp: bool = False):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.rope = RopeCache(cfg.qk_rope_head_dim, cfg.rope_theta)
-        layers = [DecoderLayer(cfg, i, self.rope) for i in range(cfg.num_layers)]
+        layers = [DecoderLayer(cfg, i) for i in range(cfg.num_layers)]
         if with_mtp:
-            layers += [MTPLayer(cfg, cfg.num_layers + j, self.rope) for j in range(cfg.num_mtp_layers)]
+            layers += [MTPLayer(cfg, cfg.num_layers + j) for j in range(cfg.num_mtp_layers)]
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.num_trunk_layers = cfg.num_layers

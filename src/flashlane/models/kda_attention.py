@@ -2,9 +2,9 @@
 
 Per-sequence state lives in the layer's state-pool row at ``batch.state_slots[b]``: the conv
 state (last K-1 pre-conv inputs, model dtype) and the recurrent state ([H, Dk, Dv] fp32,
-[K, V] orientation). Decode tokens of all sequences run as one batched step; each prefill chunk
-runs the chunked form starting from its slot's state and leaves its final state there, so the
-state flows across prefill chunks. A sequence at position 0 ignores whatever its slot holds.
+[K, V] orientation). The kernel backend (``batch.ops``) runs the conv and the recurrence of every
+sequence from its slot's state and leaves the final state there, so the state flows across
+prefill chunks; a sequence at position 0 ignores whatever its slot holds.
 Parameter names follow the transformers in-memory state_dict (glm5-architecture §3.1).
 """
 
@@ -16,8 +16,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
-from ..kernels.kda import kda_chunk, kda_decode, kda_gate
-from ..kernels.short_conv import short_conv, short_conv_decode
+from ..kernels.backends import KernelBackend, select_backend
 from .forward_batch import ForwardBatch
 
 
@@ -36,8 +35,9 @@ class KDAForgetGate(nn.Module):
         dt = torch.empty(heads * dim).uniform_(math.log(1e-3), math.log(1e-1)).exp().clamp_min(1e-4)
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return kda_gate(self.f_b_proj(self.f_a_proj(x)), self.dt_bias, self.A_log, self.lower_bound)
+    def forward(self, x: torch.Tensor, ops: KernelBackend | None = None) -> torch.Tensor:
+        ops = select_backend(x.device) if ops is None else ops
+        return ops.kda_gate(self.f_b_proj(self.f_a_proj(x)), self.dt_bias, self.A_log, self.lower_bound)
 
 
 class GatedHeadNorm(nn.Module):
@@ -79,50 +79,19 @@ class KDAAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """x [N, hidden] (normed block input) -> [N, hidden]; updates this layer's state slots."""
-        cache = batch.cache
+        cache, ops = batch.cache, batch.ops
         row = cache.spec.kda_row(self.layer_id)
         conv_state, rec_state = cache.layer("conv", row), cache.layer("recurrent", row)
-        slots = batch.state_slots
-        q_lens = batch.cu_q[1:] - batch.cu_q[:-1]
-        fresh = batch.ctx_lens_t == q_lens
         n = x.shape[0]
 
         mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
-        if batch.is_decode:
-            mixed = short_conv_decode(mixed, self.conv1d.weight, conv_state, slots, fresh)
-        else:
-            mixed = short_conv(mixed, self.conv1d.weight, conv_state, slots, batch.cu_q, fresh)
+        mixed = ops.short_conv(mixed, self.conv1d.weight, conv_state, batch)
         q, k, v = (t.view(n, self.heads, self.head_dim) for t in mixed.split(self.qkv_dim, dim=-1))
-        g = self.forget_gate(x)
+        g = self.forget_gate(x, ops)
         beta = torch.sigmoid(self.b_proj(x))
-
-        if batch.is_decode:     # every sequence steps once: one batched recurrent step, no gathers
-            out = kda_decode(q, k, v, g, beta, rec_state, slots, fresh)
-        else:
-            out = self._mixed(q, k, v, g, beta, rec_state, slots, fresh, batch)
+        out = ops.kda(q, k, v, g, beta, rec_state, batch)
         gate = self.g_b_proj(self.g_a_proj(x)).view(n, self.heads, self.head_dim)
         return self.o_proj(self.o_norm(out, gate).reshape(n, self.qkv_dim))
-
-    @staticmethod
-    def _mixed(q, k, v, g, beta, rec_state, slots, fresh, batch: ForwardBatch) -> torch.Tensor:
-        """Decode tokens as one batched step, each prefill chunk in the chunked form."""
-        out = torch.empty_like(v)
-        decode = [b for b, ql in enumerate(batch.q_lens) if ql == 1]
-        if decode:
-            seqs = torch.tensor(decode, dtype=torch.long, device=q.device)
-            tok = batch.cu_q[seqs]
-            out[tok] = kda_decode(q[tok], k[tok], v[tok], g[tok], beta[tok], rec_state, slots[seqs], fresh[seqs])
-        cu = batch.cu_q.tolist()
-        for b, ql in enumerate(batch.q_lens):
-            if ql <= 1:
-                continue
-            s, e = cu[b], cu[b + 1]
-            slot = slots[b : b + 1]
-            init = None if batch.ctx_lens[b] == ql else rec_state.index_select(0, slot)
-            o, final = kda_chunk(q[None, s:e], k[None, s:e], v[None, s:e], g[None, s:e], beta[None, s:e], init)
-            out[s:e] = o[0]
-            rec_state.index_copy_(0, slot, final.to(rec_state.dtype))
-        return out
 
 
 __all__ = ["KDAAttention", "KDAForgetGate", "GatedHeadNorm"]

@@ -1,6 +1,8 @@
 """Shared building blocks: RMSNorm, (clamped) SwiGLU MLP, MoE with router and fused experts.
 
-Parameter names follow the transformers in-memory ``state_dict`` of the reference models.
+Parameter names follow the transformers in-memory ``state_dict`` of the reference models. The FFN
+modules take the kernel backend as ``ops`` (the decoder layers pass ``batch.ops``); called on
+their own they use the preferred backend for the input's device.
 """
 
 from __future__ import annotations
@@ -9,8 +11,12 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
-from ..kernels.moe import grouped_experts, route, swiglu
+from ..kernels.backends import KernelBackend, select_backend
 from ..trace_ranges import profiling_range
+
+
+def _ops(ops: KernelBackend | None, x: torch.Tensor) -> KernelBackend:
+    return select_backend(x.device) if ops is None else ops
 
 
 class KeepFp32(nn.Module):
@@ -68,9 +74,9 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
         self.swiglu_limit = swiglu_limit
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ops: KernelBackend | None = None) -> torch.Tensor:
         with profiling_range(self.range_name):
-            return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x), self.swiglu_limit))
+            return self.down_proj(_ops(ops, x).swiglu(self.gate_proj(x), self.up_proj(x), self.swiglu_limit))
 
 
 class Router(KeepFp32):
@@ -85,9 +91,10 @@ class Router(KeepFp32):
         self.norm_topk_prob = cfg.norm_topk_prob
         self.scaling = cfg.routed_scaling_factor
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return route(x, self.weight, self.e_score_correction_bias, top_k=self.top_k, n_group=self.n_group,
-                     topk_group=self.topk_group, norm_topk_prob=self.norm_topk_prob, scaling=self.scaling)
+    def forward(self, x: torch.Tensor, ops: KernelBackend | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return _ops(ops, x).route(x, self.weight, self.e_score_correction_bias, top_k=self.top_k,
+                                  n_group=self.n_group, topk_group=self.topk_group,
+                                  norm_topk_prob=self.norm_topk_prob, scaling=self.scaling)
 
 
 class Experts(nn.Module):
@@ -100,8 +107,9 @@ class Experts(nn.Module):
         nn.init.normal_(self.gate_up_proj, std=0.02)
         nn.init.normal_(self.down_proj, std=0.02)
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        return grouped_experts(x, weights, ids, self.gate_up_proj, self.down_proj, self.swiglu_limit)
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                ops: KernelBackend | None = None) -> torch.Tensor:
+        return _ops(ops, x).moe_experts(x, weights, ids, self.gate_up_proj, self.down_proj, self.swiglu_limit)
 
 
 class MoE(nn.Module):
@@ -120,13 +128,14 @@ class MoE(nn.Module):
         if self.shared_experts is not None:
             self.shared_experts.range_name = "moe_shared"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ops: KernelBackend | None = None) -> torch.Tensor:
+        ops = _ops(ops, x)
         with profiling_range("moe_router"):
-            weights, ids = self.gate(x)
+            weights, ids = self.gate(x, ops)
         with profiling_range("moe_experts"):
-            out = self.experts(x, weights, ids)
+            out = self.experts(x, weights, ids, ops)
         if self.shared_experts is not None:
-            out = out + self.shared_experts(x)
+            out = out + self.shared_experts(x, ops)
         return out
 
 

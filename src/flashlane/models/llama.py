@@ -1,21 +1,21 @@
 """Llama-family decoder (SmolLM2 and friends) over flattened mixed batches and a paged KV pool.
 
-GQA attention with rotate-half RoPE; each layer packs ``[K | V]`` of every new token into its
-latent-pool row at ``batch.slot_mapping`` and attends over the sequence history gathered
-through ``batch.block_tables``. Parameter names follow the transformers in-memory state_dict.
+GQA attention with rotate-half RoPE; each layer hands q, k, v and its latent-pool row to the
+kernel backend (``batch.ops.dense_attention``), which stores ``[K | V]`` of every new token at
+``batch.slot_mapping`` and attends over the sequence history read through ``batch.block_tables``,
+with one attention plan per forward shared by all layers. Parameter names follow the
+transformers in-memory state_dict.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
-from ..kernels.kv_store import gather_rows, write_rows
 from ..trace_ranges import profiling_range
 from .forward_batch import ForwardBatch
 from .layers import MLP, RMSNorm
@@ -49,65 +49,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None] + _rotate_half(x) * sin[:, None]
 
 
-@dataclass
-class _Group:
-    """Sequences attended together: their tokens padded to [B, Q], their history to [B, T]."""
-
-    tokens: torch.Tensor          # [B, Q] flat token index
-    rows: torch.Tensor            # [B, T] flat pool row of each history position
-    mask: torch.Tensor | None     # [B, 1, Q, T] bool, None = plain causal from position 0
-
-
-class AttentionPlan:
-    """Gather indices and masks of one forward, shared by all layers.
-
-    Decode tokens of all sequences form one group (one batched gather, length mask);
-    each prefill chunk is its own group so the [Q, T] score matrix is never padded up to
-    the longest chunk times the number of sequences.
-    """
-
-    def __init__(self, batch: ForwardBatch):
-        dev = batch.input_ids.device
-        page = batch.cache.spec.page_size
-        self.groups: list[_Group] = []
-        if batch.static:   # one token per row, history up to the table's width, masked by length
-            rows = self._rows(batch.block_tables, batch.block_tables.shape[1] * page, page)
-            t = torch.arange(rows.shape[1], device=dev)
-            mask = (t[None, :] < batch.ctx_lens_t[:, None])[:, None, None, :]
-            self.groups.append(_Group(torch.arange(rows.shape[0], device=dev)[:, None], rows, mask))
-            return
-        cu = [0]
-        for q in batch.q_lens:
-            cu.append(cu[-1] + q)
-        decode = [b for b, q in enumerate(batch.q_lens) if q == 1]
-        if decode:
-            idx = torch.tensor(decode, dtype=torch.long, device=dev)
-            t_max = max(batch.ctx_lens[b] for b in decode)
-            rows = self._rows(batch.block_tables[idx], t_max, page)
-            t = torch.arange(t_max, device=dev)
-            mask = (t[None, :] < batch.ctx_lens_t[idx][:, None])[:, None, None, :]
-            tokens = torch.tensor([cu[b] for b in decode], dtype=torch.long, device=dev)[:, None]
-            self.groups.append(_Group(tokens, rows, mask))
-        for b, q in enumerate(batch.q_lens):
-            if q <= 1:
-                continue
-            ctx, start = batch.ctx_lens[b], batch.ctx_lens[b] - q
-            rows = self._rows(batch.block_tables[b : b + 1], ctx, page)
-            tokens = torch.arange(cu[b], cu[b] + q, device=dev)[None]
-            mask = None
-            if start:
-                t = torch.arange(ctx, device=dev)
-                p = torch.arange(start, ctx, device=dev)
-                mask = (t[None, :] <= p[:, None])[None, None]
-            self.groups.append(_Group(tokens, rows, mask))
-
-    @staticmethod
-    def _rows(tables: torch.Tensor, length: int, page: int) -> torch.Tensor:
-        t = torch.arange(length, device=tables.device)
-        pages = tables.gather(1, (t // page).clamp(max=tables.shape[1] - 1).expand(tables.shape[0], -1))
-        return pages * page + t % page
-
-
 class LlamaAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int):
         super().__init__()
@@ -122,7 +63,7 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=bias)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                batch: ForwardBatch, plan: AttentionPlan) -> torch.Tensor:
+                batch: ForwardBatch, plan: Any) -> torch.Tensor:
         n, d = x.shape[0], self.head_dim
         q = apply_rope(self.q_proj(x).view(n, self.num_heads, d), cos, sin)
         k = apply_rope(self.k_proj(x).view(n, self.num_kv, d), cos, sin)
@@ -131,19 +72,7 @@ class LlamaAttention(nn.Module):
         row = cache.spec.latent_row(self.layer_id)
         pool = cache.layer("latent", row)
         scale = cache.layer("latent_scale", row)
-        write_rows(pool, scale, batch.slot_mapping, torch.cat((k.reshape(n, -1), v.reshape(n, -1)), -1))
-        out = torch.empty_like(q)
-        for g in plan.groups:
-            bsz, qlen = g.tokens.shape
-            kv = gather_rows(pool, scale, g.rows, q.dtype).view(bsz, g.rows.shape[1], 2, self.num_kv, d)
-            qg = q[g.tokens].transpose(1, 2)                     # [B, Hq, Q, D]
-            kg = kv[:, :, 0].transpose(1, 2)                     # [B, Hkv, T, D]
-            vg = kv[:, :, 1].transpose(1, 2)
-            o = F.scaled_dot_product_attention(
-                qg, kg, vg, attn_mask=g.mask, is_causal=g.mask is None and qlen > 1,
-                enable_gqa=self.num_kv != self.num_heads,
-            )
-            out[g.tokens.reshape(-1)] = o.transpose(1, 2).reshape(bsz * qlen, self.num_heads, d)
+        out = batch.ops.dense_attention(q, k, v, pool, scale, batch, plan)
         return self.o_proj(out.reshape(n, -1))
 
 
@@ -162,7 +91,7 @@ class LlamaDecoderLayer(nn.Module):
             h = h + self.self_attn(x, cos, sin, batch, plan)
         with profiling_range("norm"):
             x = self.post_attention_layernorm(h)
-        return h + self.mlp(x)   # the MLP opens its own range
+        return h + self.mlp(x, batch.ops)   # the MLP opens its own range
 
 
 class LlamaModel(nn.Module):
@@ -180,7 +109,7 @@ class LlamaModel(nn.Module):
             freqs = batch.positions[:, None].float() * self.inv_freq.float()[None, :]
             emb = torch.cat((freqs, freqs), -1)
             cos, sin = emb.cos().to(h.dtype), emb.sin().to(h.dtype)
-            plan = AttentionPlan(batch)
+            plan = batch.ops.plan_attention(batch)
         for layer in self.layers:
             h = layer(h, cos, sin, batch, plan)
         with profiling_range("norm"):

@@ -7,6 +7,11 @@ so a tied head and its embedding share one int8 table.
 
 Left in float: norms, the router, and ``Fp32Linear`` layers, which the reference keeps in fp32
 on purpose (the indexer's head weights steer a top-k selection).
+
+The int8 matmuls run through the kernel backend given to ``quantize`` (the engine's; default: the
+preferred one for the weights' device), held by each int8 module since a linear sees no batch.
+Weight quantisation and the timed kernel plan are load-time work and use ``kernels.int8_plan``,
+``kernels.cpu_caps`` and ``kernels.quant_matmul`` directly.
 """
 
 from __future__ import annotations
@@ -17,10 +22,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..kernels.int8_plan import METHODS, Int8Plan, choose_plan
+from ..kernels.backends import KernelBackend, select_backend
 from ..kernels.cpu_caps import CpuCaps, detect_cpu_caps
-from ..kernels.moe import grouped_experts_int8
-from ..kernels.quant_matmul import KERNELS, dequantize_int8, int8_linear, quantize_int8
+from ..kernels.int8_plan import METHODS, Int8Plan, choose_plan
+from ..kernels.quant_matmul import KERNELS, dequantize_int8, quantize_int8
 from .layers import Experts, Fp32Linear
 
 HEAD_NAME = "lm_head"
@@ -42,7 +47,7 @@ def pinned_plan(method: str) -> Int8Plan | None:
 class Int8Linear(nn.Module):
     """Drop-in for nn.Linear holding int8 weights and per-row scales."""
 
-    def __init__(self, linear: nn.Linear, plan: Int8Plan | None = None):
+    def __init__(self, linear: nn.Linear, plan: Int8Plan | None = None, ops: KernelBackend | None = None):
         super().__init__()
         q, scale = quantize_int8(linear.weight)
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -51,6 +56,7 @@ class Int8Linear(nn.Module):
         self.bias = linear.bias
         self.float_dtype = linear.weight.dtype
         self.plan = plan
+        self.ops = select_backend(q.device) if ops is None else ops
 
     @property
     def weight(self) -> torch.Tensor:
@@ -58,9 +64,7 @@ class Int8Linear(nn.Module):
         return dequantize_int8(self.qweight, self.scale, self.float_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.plan is None:
-            return int8_linear(x, self.qweight, self.scale, self.bias)
-        return self.plan.linear(x, self.qweight, self.scale, self.bias)
+        return self.ops.int8_linear(x, self.qweight, self.scale, self.bias, self.plan)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
@@ -94,7 +98,7 @@ class Int8Embedding(nn.Module):
 class Int8Experts(nn.Module):
     """Drop-in for ``layers.Experts``: int8 fused experts, scales per expert and output row."""
 
-    def __init__(self, experts: Experts, plan: Int8Plan | None = None):
+    def __init__(self, experts: Experts, plan: Int8Plan | None = None, ops: KernelBackend | None = None):
         super().__init__()
         for name in ("gate_up_proj", "down_proj"):
             q, scale = quantize_int8(getattr(experts, name))
@@ -103,11 +107,14 @@ class Int8Experts(nn.Module):
         self.swiglu_limit = experts.swiglu_limit
         self.num_experts = experts.gate_up_proj.shape[0]
         self.plan = plan
+        self.ops = select_backend(experts.gate_up_proj.device) if ops is None else ops
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        return grouped_experts_int8(x, weights, ids, self.gate_up_proj_q, self.gate_up_proj_scale,
-                                    self.down_proj_q, self.down_proj_scale, self.swiglu_limit,
-                                    linear=None if self.plan is None else self.plan.linear)
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                ops: KernelBackend | None = None) -> torch.Tensor:
+        """``ops``: the batch's backend when the MoE passes it, else the one given at quantisation."""
+        ops = self.ops if ops is None else ops
+        return ops.moe_experts_int8(x, weights, ids, self.gate_up_proj_q, self.gate_up_proj_scale,
+                                    self.down_proj_q, self.down_proj_scale, self.swiglu_limit, self.plan)
 
 
 @dataclass
@@ -166,9 +173,10 @@ def representative_shape(model: nn.Module, skip: tuple[str, ...] = ()) -> tuple[
 
 
 def quantize(model: nn.Module, method: str, *, plan: Int8Plan | None = None, caps: CpuCaps | None = None,
-             device: str = "cpu", skip: tuple[str, ...] = ()) -> QuantReport:
+             device: str = "cpu", skip: tuple[str, ...] = (), ops: KernelBackend | None = None) -> QuantReport:
     """Quantise ``model`` in place with ``method`` ("int8" or "w8a8"); the kernel plan is chosen
-    for this CPU (timed once) unless given."""
+    for this CPU (timed once) unless given; the int8 matmuls run through ``ops`` (default: the
+    preferred backend for ``device``)."""
     if method not in METHODS:
         raise ValueError(f"quantization must be one of {', '.join(METHODS)}, got {method!r}")
     before = weight_bytes(model)
@@ -177,6 +185,7 @@ def quantize(model: nn.Module, method: str, *, plan: Int8Plan | None = None, cap
         act_dtype = next((t.dtype for _, m in _targets(model, skip) for t in m.parameters()), torch.float32)
         plan = choose_plan(method, caps or detect_cpu_caps(), representative_shape(model, skip), device,
                            dtype=act_dtype)
+    ops = select_backend(device) if ops is None else ops
     linears = expert_layers = experts = 0
     head = False
     embeddings = [(name, m) for name, m in model.named_modules()
@@ -184,11 +193,11 @@ def quantize(model: nn.Module, method: str, *, plan: Int8Plan | None = None, cap
     by_weight: dict[int, Int8Linear] = {}      # float weight -> the Int8Linear made from it
     for name, m in list(_targets(model, skip)):
         if isinstance(m, Experts):
-            new = Int8Experts(m, plan)
+            new = Int8Experts(m, plan, ops)
             expert_layers += 1
             experts += new.num_experts
         else:
-            new = Int8Linear(m, plan)
+            new = Int8Linear(m, plan, ops)
             by_weight[id(m.weight)] = new
             linears += 1
             head = head or name.rpartition(".")[2] == HEAD_NAME

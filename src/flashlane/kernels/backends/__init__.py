@@ -1,0 +1,82 @@
+"""Kernel backends by name: registration and the start-up choice (engine arg ``kernel_backend``).
+
+A backend is registered with a factory (device -> instance), a test of whether it can run on a
+device, and a priority; ``select_backend(device)`` ("auto") takes the available backend of the
+highest priority, ties going to the earlier registration. One instance per (name, device) is
+kept, so every batch of an engine carries the same object (a compiled graph sees one backend).
+
+Adding a backend: a new folder beside ``cpu/`` with a ``KernelBackend`` subclass, plus one
+``register_backend`` line below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .base import KernelBackend, VarlenBatch
+from .cpu import CpuBackend
+
+
+@dataclass(frozen=True)
+class _Entry:
+    factory: Callable[[torch.device], KernelBackend]
+    available: Callable[[torch.device], bool]
+    priority: int
+
+
+_REGISTRY: dict[str, _Entry] = {}
+_INSTANCES: dict[tuple[str, str], KernelBackend] = {}
+
+
+def register_backend(name: str, factory: Callable[[torch.device], KernelBackend],
+                     available: Callable[[torch.device], bool], *, priority: int = 0) -> None:
+    """Make ``name`` selectable; "auto" prefers higher ``priority`` among the available ones."""
+    if not name or name == "auto":
+        raise ValueError(f"a kernel backend cannot be called {name!r}")
+    _REGISTRY[name] = _Entry(factory, available, priority)
+    for key in [k for k in _INSTANCES if k[0] == name]:
+        del _INSTANCES[key]
+
+
+def known_backends() -> list[str]:
+    return list(_REGISTRY)
+
+
+def available_backends(device: torch.device | str = "cpu") -> list[str]:
+    """Names of the backends that can run on ``device``, in the order "auto" would prefer them."""
+    dev = torch.device(device)
+    names = [n for n, e in _REGISTRY.items() if e.available(dev)]
+    return sorted(names, key=lambda n: -_REGISTRY[n].priority)   # stable: registration order breaks ties
+
+
+def select_backend(device: torch.device | str = "cpu", name: str | None = None) -> KernelBackend:
+    """The backend called ``name`` for ``device`` ("auto" or None: the preferred available one).
+    An unknown or unavailable name is a ValueError naming ``kernel_backend``."""
+    dev = torch.device(device)
+    usable = available_backends(dev)
+    if name is None or name == "auto":
+        if not usable:
+            raise ValueError(f"kernel_backend auto: no kernel backend runs on device {dev} "
+                             f"(known: {', '.join(known_backends()) or 'none'})")
+        name = usable[0]
+    elif name not in _REGISTRY:
+        raise ValueError(f"kernel_backend {name!r} is not a known kernel backend "
+                         f"(known: auto, {', '.join(known_backends())})")
+    elif name not in usable:
+        raise ValueError(f"kernel_backend {name!r} is not available on device {dev} "
+                         f"(available there: auto, {', '.join(usable) or 'none'})")
+    key = (name, str(dev))
+    backend = _INSTANCES.get(key)
+    if backend is None:
+        backend = _INSTANCES[key] = _REGISTRY[name].factory(dev)
+    return backend
+
+
+# the plain-torch kernels run on every torch device: the fallback everywhere
+register_backend("cpu", CpuBackend, lambda device: True)
+
+__all__ = ["KernelBackend", "VarlenBatch", "CpuBackend", "register_backend", "select_backend",
+           "available_backends", "known_backends"]

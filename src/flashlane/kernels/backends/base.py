@@ -1,0 +1,178 @@
+"""The kernel backend seam: one interface per mixer and op kind, over the varlen batch metadata.
+
+Model code calls ``batch.ops.<op>(...)`` and never imports a kernel by name; the backend decides
+how an op runs: decode, mixed prefill/decode and the padded static batch are its branches, not
+the model's. The ops take tensors plus the batch metadata (``VarlenBatch``) the engine already
+builds -- cu_seqlens-style ``cu_q``, positions, per-sequence state slots, block tables -- the
+shape that flash-linear-attention and FlashMLA-style kernels expect.
+
+A backend is a subclass of ``KernelBackend`` registered by name (``kernels.backends``); the
+plain-torch ``cpu`` backend is the reference every other one is tested against.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Protocol
+
+import torch
+
+
+class VarlenBatch(Protocol):
+    """What the ops read from the batch metadata (``models.forward_batch.ForwardBatch`` has it).
+
+    Token ``j`` of sequence ``b`` is flat row ``cu_q[b] + j`` at position
+    ``ctx_lens[b] - q_lens[b] + j``; its cache row is ``slot_mapping`` in every paged pool.
+    ``static``: a padded decode batch (one token per row, no host lists: ``q_lens`` and
+    ``ctx_lens`` are None), the shape a compiled step sees.
+    """
+
+    cu_q: torch.Tensor                 # [B + 1] int64
+    q_lens: list[int] | None           # new tokens per sequence (None when static)
+    ctx_lens: list[int] | None         # cached + new tokens per sequence (None when static)
+    ctx_lens_t: torch.Tensor           # [B] int64
+    positions: torch.Tensor            # [N] int64
+    seq_of_token: torch.Tensor         # [N] int64
+    block_tables: torch.Tensor         # [B, max_pages] int64
+    slot_mapping: torch.Tensor         # [N] int64
+    state_slots: torch.Tensor          # [B] int64
+    static: bool
+
+    @property
+    def is_decode(self) -> bool: ...   # every sequence has exactly one new token
+
+    @property
+    def page_size(self) -> int: ...    # tokens per page of the paged pools
+
+
+class KernelBackend(ABC):
+    """One implementation of every op the models run. Subclass it (or ``CpuBackend``, overriding
+    only the ops a device does better) and register it in ``kernels.backends``."""
+
+    name: str = "base"
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+
+    @abstractmethod
+    def describe(self) -> str:
+        """One line for the start-up report: which kernels run the ops."""
+
+    # ---- dense attention (llama) ---------------------------------------------------------
+
+    @abstractmethod
+    def plan_attention(self, meta: VarlenBatch) -> Any:
+        """Whatever ``dense_attention`` needs per forward (gather indices, masks), built once per
+        forward and shared by all layers."""
+
+    @abstractmethod
+    def dense_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: torch.Tensor,
+                        pool_scale: torch.Tensor | None, meta: VarlenBatch, plan: Any) -> torch.Tensor:
+        """Causal GQA attention over each sequence's paged history: writes the new tokens'
+        ``[K | V]`` rows (k, v [N, Hkv, D]) into ``pool`` at ``meta.slot_mapping``, then attends
+        q [N, Hq, D] -> [N, Hq, D]."""
+
+    # ---- KDA linear attention -----------------------------------------------------------------
+
+    @abstractmethod
+    def kda_gate(self, f: torch.Tensor, dt_bias: torch.Tensor, A_log: torch.Tensor,
+                 lower_bound: float | None) -> torch.Tensor:
+        """Per-channel log-decay g [N, H, D] (fp32) from the low-rank gate output f [N, H*D]."""
+
+    @abstractmethod
+    def short_conv(self, x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
+                   meta: VarlenBatch) -> torch.Tensor:
+        """Causal depthwise conv + SiLU of x [N, C] per sequence, from and into the conv state of
+        its slot (a sequence at position 0 ignores what its slot holds)."""
+
+    @abstractmethod
+    def kda(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+            rec_state: torch.Tensor, meta: VarlenBatch) -> torch.Tensor:
+        """The KDA recurrence of every sequence (decode steps and prefill chunks), starting from and
+        leaving its state in ``rec_state[state_slots[b]]``: q, k, g [N, H, Dk], v [N, H, Dv],
+        beta [N, H] -> o [N, H, Dv]."""
+
+    # ---- DSA: rope, latent rows, indexer, sparse MLA ----------------------------------------
+
+    @abstractmethod
+    def rope_cos_sin(self, positions: torch.Tensor, dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp32 (cos, sin) [N, dim // 2] of the interleaved rotary embedding at ``positions``."""
+
+    @abstractmethod
+    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Interleaved-pair RoPE of the last dim of x [N, ..., dim] (written de-interleaved)."""
+
+    @abstractmethod
+    def write_kv_rows(self, pool: torch.Tensor, scale: torch.Tensor | None, values: torch.Tensor,
+                      meta: VarlenBatch) -> None:
+        """Store the new tokens' rows values [N, W] at ``meta.slot_mapping`` in the pool's format."""
+
+    @abstractmethod
+    def write_index_keys(self, index_keys: torch.Tensor, keys: torch.Tensor, key_scale: torch.Tensor | None,
+                         meta: VarlenBatch, *, kpool: int = 1, gates: torch.Tensor | None = None,
+                         ape: torch.Tensor | None = None, tail: torch.Tensor | None = None) -> None:
+        """Store the indexer keys [N, D] of the new tokens; with ``kpool > 1`` pooled per
+        ``kpool`` positions (gates [N, D], ape [kpool, D]; partial pools wait in ``tail``)."""
+
+    @abstractmethod
+    def select_positions(self, q: torch.Tensor, w: torch.Tensor, index_keys: torch.Tensor,
+                         key_scale: torch.Tensor | None, meta: VarlenBatch, *, topk: int, kpool: int,
+                         always_select_tail: bool) -> torch.Tensor:
+        """Absolute positions each query attends [N, width] int64 (-1 = empty), from indexer
+        queries q [N, H, D] and head weights w [N, H]."""
+
+    @abstractmethod
+    def sparse_mla(self, q_latent: torch.Tensor, q_rope: torch.Tensor | None, latent: torch.Tensor,
+                   latent_scale: torch.Tensor | None, selection: torch.Tensor, meta: VarlenBatch, *,
+                   scale: float) -> torch.Tensor:
+        """Absorbed MLA over the selected positions: q_latent [N, H, C] (+ q_rope [N, H, R]) ->
+        [N, H, C]; a query with nothing selected gets zeros."""
+
+    # ---- FFN: SwiGLU, router, experts, int8 linears -----------------------------------------
+
+    @abstractmethod
+    def swiglu(self, gate: torch.Tensor, up: torch.Tensor, limit: float | None = None) -> torch.Tensor:
+        """SiLU(gate) * up; with ``limit`` gate clamped from above and up to [-limit, limit]."""
+
+    @abstractmethod
+    def route(self, x: torch.Tensor, router_weight: torch.Tensor, correction_bias: torch.Tensor | None, *,
+              top_k: int, n_group: int, topk_group: int, norm_topk_prob: bool,
+              scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """MoE routing: x [N, H] -> (weights [N, top_k] fp32, expert ids [N, top_k] int64)."""
+
+    @abstractmethod
+    def moe_experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
+                    down: torch.Tensor, swiglu_limit: float | None) -> torch.Tensor:
+        """Weighted sum of the chosen experts' SwiGLU MLPs: gate_up [E, 2I, H], down [E, H, I]."""
+
+    @abstractmethod
+    def moe_experts_int8(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                         gate_up_q: torch.Tensor, gate_up_scale: torch.Tensor, down_q: torch.Tensor,
+                         down_scale: torch.Tensor, swiglu_limit: float | None, plan: Any = None) -> torch.Tensor:
+        """``moe_experts`` on int8 experts with per-expert, per-row scales; ``plan`` (an int8 kernel
+        plan, or None for the default kernel) picks the int8 matmul."""
+
+    @abstractmethod
+    def int8_linear(self, x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
+                    bias: torch.Tensor | None, plan: Any = None) -> torch.Tensor:
+        """x @ (qweight * scale)^T + bias with int8 weights [out, in] and per-row scales [out]."""
+
+    # ---- mHC ----------------------------------------------------------------------------------
+
+    @abstractmethod
+    def mhc_pre(self, streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, *,
+                norm_eps: float, hc_eps: float, sinkhorn_iters: int,
+                compiled: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Collapse streams [N, n, H] into the sublayer input [N, H], plus (post [N, n], comb [N, n, n]).
+        ``compiled``: the model asked for its compilable pieces to run compiled."""
+
+    @abstractmethod
+    def mhc_post(self, y: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, *,
+                 compiled: bool = False) -> torch.Tensor:
+        """Expand the sublayer output y [N, H] back into the streams [N, n, H]."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, device={str(self.device)!r})"
+
+
+__all__ = ["KernelBackend", "VarlenBatch"]

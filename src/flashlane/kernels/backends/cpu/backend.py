@@ -1,0 +1,161 @@
+"""The plain-torch backend: every op is a ``flashlane.kernels`` function, as the models called
+them before the seam (same kernels, same order, so results are bit-identical)."""
+
+from __future__ import annotations
+
+import torch
+
+from ... import indexer, kda, kv_store, mhc, moe, quant_matmul, rope, short_conv, sparse_mla
+from ...compiled import compiled as compiled_fn
+from ..base import KernelBackend, VarlenBatch
+from .dense_attention import AttentionPlan, dense_attention
+
+
+def _fresh(meta: VarlenBatch) -> torch.Tensor:
+    """[B] bool: sequences whose first new token is at position 0 (their slot content is stale)."""
+    return meta.ctx_lens_t == meta.cu_q[1:] - meta.cu_q[:-1]
+
+
+def _kda_mixed(q, k, v, g, beta, rec_state, slots, fresh, meta: VarlenBatch) -> torch.Tensor:
+    """Decode tokens as one batched recurrent step (the path of a pure decode step, so a decode
+    token's numbers do not depend on the prefills beside it), all prefill chunks of the step in
+    one varlen chunked call."""
+    out = torch.empty_like(v)
+    decode = [b for b, ql in enumerate(meta.q_lens) if ql == 1]
+    if decode:
+        seqs = torch.tensor(decode, dtype=torch.long, device=q.device)
+        tok = meta.cu_q[seqs]
+        out[tok] = kda.kda_decode(q[tok], k[tok], v[tok], g[tok], beta[tok], rec_state, slots[seqs], fresh[seqs])
+    prefill = [b for b, ql in enumerate(meta.q_lens) if ql > 1]
+    if prefill:
+        cu = meta.cu_q.tolist()
+        tok = torch.cat([torch.arange(cu[b], cu[b + 1], device=q.device) for b in prefill])
+        lens = torch.tensor([meta.q_lens[b] for b in prefill], dtype=torch.long, device=q.device)
+        cu_seqlens = torch.zeros(len(prefill) + 1, dtype=torch.long, device=q.device)
+        cu_seqlens[1:] = lens.cumsum(0)
+        seqs = torch.tensor(prefill, dtype=torch.long, device=q.device)
+        rows = slots[seqs]
+        init = rec_state.index_select(0, rows).float().masked_fill_(fresh[seqs].view(-1, 1, 1, 1), 0.0)
+        o, final = kda.kda_chunk_varlen(q[tok], k[tok], v[tok], g[tok], beta[tok], cu_seqlens, init)
+        out[tok] = o
+        rec_state.index_copy_(0, rows, final.to(rec_state.dtype))
+    return out
+
+
+class CpuBackend(KernelBackend):
+    """Plain-torch kernels (``flashlane/kernels/*.py``). They run on any torch device; on CPU they
+    are the fast path, elsewhere the reference."""
+
+    name = "cpu"
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        super().__init__(device)
+        self._rope_tables: dict[tuple[int, float], rope.RopeCache] = {}
+
+    def describe(self) -> str:
+        return f"{self.name}: plain-torch kernels (flashlane.kernels) on {self.device}"
+
+    # ---- dense attention ---------------------------------------------------------------------
+
+    def plan_attention(self, meta):
+        return AttentionPlan(meta)
+
+    def dense_attention(self, q, k, v, pool, pool_scale, meta, plan):
+        return dense_attention(q, k, v, pool, pool_scale, meta, plan)
+
+    # ---- KDA -------------------------------------------------------------------------------------
+
+    def kda_gate(self, f, dt_bias, A_log, lower_bound):
+        return kda.kda_gate(f, dt_bias, A_log, lower_bound)
+
+    def short_conv(self, x, weight, conv_state, meta):
+        if meta.is_decode:
+            return short_conv.short_conv_decode(x, weight, conv_state, meta.state_slots, _fresh(meta))
+        return short_conv.short_conv(x, weight, conv_state, meta.state_slots, meta.cu_q, _fresh(meta))
+
+    def kda(self, q, k, v, g, beta, rec_state, meta):
+        slots, fresh = meta.state_slots, _fresh(meta)
+        if meta.is_decode:     # every sequence steps once: one batched recurrent step, no gathers
+            return kda.kda_decode(q, k, v, g, beta, rec_state, slots, fresh)
+        return _kda_mixed(q, k, v, g, beta, rec_state, slots, fresh, meta)
+
+    # ---- DSA -------------------------------------------------------------------------------------
+
+    def rope_cos_sin(self, positions, dim, theta):
+        if torch.compiler.is_compiling():
+            # no lazily grown table inside a graph (it would be built and stored while tracing);
+            # the same frequencies as RopeCache's, computed in the graph
+            inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) / dim))
+            freqs = positions.float()[..., None] * inv_freq
+            return freqs.cos(), freqs.sin()
+        table = self._rope_tables.get((dim, theta))
+        if table is None:
+            table = self._rope_tables.setdefault((dim, theta), rope.RopeCache(dim, theta))
+        return table.cos_sin(positions)
+
+    def rope(self, x, cos, sin):
+        return rope.apply_rope(x, cos, sin)
+
+    def write_kv_rows(self, pool, scale, values, meta):
+        kv_store.write_rows(pool, scale, meta.slot_mapping, values)
+
+    def write_index_keys(self, index_keys, keys, key_scale, meta, *, kpool=1, gates=None, ape=None, tail=None):
+        if kpool == 1:
+            indexer.write_index_keys(index_keys, keys, slot_mapping=meta.slot_mapping, page_size=meta.page_size,
+                                     key_scale=key_scale)
+            return
+        q_lens = meta.cu_q[1:] - meta.cu_q[:-1]
+        indexer.write_index_keys(
+            index_keys, keys, slot_mapping=meta.slot_mapping, page_size=meta.page_size, kpool=kpool, gates=gates,
+            ape=ape, tail=tail, positions=meta.positions, seq_of_token=meta.seq_of_token,
+            start_of_seq=meta.ctx_lens_t - q_lens, ctx_of_seq=meta.ctx_lens_t, block_tables=meta.block_tables,
+            state_slots=meta.state_slots, key_scale=key_scale)
+
+    def select_positions(self, q, w, index_keys, key_scale, meta, *, topk, kpool, always_select_tail):
+        if meta.static:
+            return indexer.select_positions_decode(
+                q, w, index_keys, positions=meta.positions, block_tables=meta.block_tables,
+                page_size=meta.page_size, topk=topk, kpool=kpool, always_select_tail=always_select_tail,
+                key_scale=key_scale)
+        return indexer.select_positions(
+            q, w, index_keys, positions=meta.positions, q_lens=meta.q_lens, ctx_lens=meta.ctx_lens,
+            block_tables=meta.block_tables, page_size=meta.page_size, topk=topk, kpool=kpool,
+            always_select_tail=always_select_tail, key_scale=key_scale)
+
+    def sparse_mla(self, q_latent, q_rope, latent, latent_scale, selection, meta, *, scale):
+        return sparse_mla.sparse_mla_attention(
+            q_latent, q_rope, latent, selection, block_tables=meta.block_tables, seq_of_token=meta.seq_of_token,
+            page_size=meta.page_size, scale=scale, latent_scale=latent_scale)
+
+    # ---- FFN -------------------------------------------------------------------------------------
+
+    def swiglu(self, gate, up, limit=None):
+        return moe.swiglu(gate, up, limit)
+
+    def route(self, x, router_weight, correction_bias, *, top_k, n_group, topk_group, norm_topk_prob, scaling):
+        return moe.route(x, router_weight, correction_bias, top_k=top_k, n_group=n_group, topk_group=topk_group,
+                         norm_topk_prob=norm_topk_prob, scaling=scaling)
+
+    def moe_experts(self, x, weights, ids, gate_up, down, swiglu_limit):
+        return moe.grouped_experts(x, weights, ids, gate_up, down, swiglu_limit)
+
+    def moe_experts_int8(self, x, weights, ids, gate_up_q, gate_up_scale, down_q, down_scale, swiglu_limit,
+                         plan=None):
+        return moe.grouped_experts_int8(x, weights, ids, gate_up_q, gate_up_scale, down_q, down_scale, swiglu_limit,
+                                        linear=None if plan is None else plan.linear)
+
+    def int8_linear(self, x, qweight, scale, bias, plan=None):
+        if plan is None:
+            return quant_matmul.int8_linear(x, qweight, scale, bias)
+        return plan.linear(x, qweight, scale, bias)
+
+    # ---- mHC -------------------------------------------------------------------------------------
+
+    def mhc_pre(self, streams, fn, base, scale, *, norm_eps, hc_eps, sinkhorn_iters, compiled=False):
+        # inside a compiled graph the plain function is traced into it (as a nested compile would be)
+        f = compiled_fn(mhc.hc_pre) if compiled and not torch.compiler.is_compiling() else mhc.hc_pre
+        return f(streams, fn, base, scale, norm_eps=norm_eps, hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters)
+
+    def mhc_post(self, y, streams, post, comb, *, compiled=False):
+        f = compiled_fn(mhc.hc_post) if compiled and not torch.compiler.is_compiling() else mhc.hc_post
+        return f(y, streams, post, comb)

@@ -1,0 +1,91 @@
+"""Dense causal GQA attention over a paged KV pool: gather plan + torch SDPA (plain-torch path)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ...kv_store import gather_rows, write_rows
+from ..base import VarlenBatch
+
+
+@dataclass
+class _Group:
+    """Sequences attended together: their tokens padded to [B, Q], their history to [B, T]."""
+
+    tokens: torch.Tensor          # [B, Q] flat token index
+    rows: torch.Tensor            # [B, T] flat pool row of each history position
+    mask: torch.Tensor | None     # [B, 1, Q, T] bool, None = plain causal from position 0
+
+
+class AttentionPlan:
+    """Gather indices and masks of one forward, shared by all layers.
+
+    Decode tokens of all sequences form one group (one batched gather, length mask);
+    each prefill chunk is its own group so the [Q, T] score matrix is never padded up to
+    the longest chunk times the number of sequences.
+    """
+
+    def __init__(self, batch: VarlenBatch):
+        dev = batch.block_tables.device
+        page = batch.page_size
+        self.groups: list[_Group] = []
+        if batch.static:   # one token per row, history up to the table's width, masked by length
+            rows = self._rows(batch.block_tables, batch.block_tables.shape[1] * page, page)
+            t = torch.arange(rows.shape[1], device=dev)
+            mask = (t[None, :] < batch.ctx_lens_t[:, None])[:, None, None, :]
+            self.groups.append(_Group(torch.arange(rows.shape[0], device=dev)[:, None], rows, mask))
+            return
+        cu = [0]
+        for q in batch.q_lens:
+            cu.append(cu[-1] + q)
+        decode = [b for b, q in enumerate(batch.q_lens) if q == 1]
+        if decode:
+            idx = torch.tensor(decode, dtype=torch.long, device=dev)
+            t_max = max(batch.ctx_lens[b] for b in decode)
+            rows = self._rows(batch.block_tables[idx], t_max, page)
+            t = torch.arange(t_max, device=dev)
+            mask = (t[None, :] < batch.ctx_lens_t[idx][:, None])[:, None, None, :]
+            tokens = torch.tensor([cu[b] for b in decode], dtype=torch.long, device=dev)[:, None]
+            self.groups.append(_Group(tokens, rows, mask))
+        for b, q in enumerate(batch.q_lens):
+            if q <= 1:
+                continue
+            ctx, start = batch.ctx_lens[b], batch.ctx_lens[b] - q
+            rows = self._rows(batch.block_tables[b : b + 1], ctx, page)
+            tokens = torch.arange(cu[b], cu[b] + q, device=dev)[None]
+            mask = None
+            if start:
+                t = torch.arange(ctx, device=dev)
+                p = torch.arange(start, ctx, device=dev)
+                mask = (t[None, :] <= p[:, None])[None, None]
+            self.groups.append(_Group(tokens, rows, mask))
+
+    @staticmethod
+    def _rows(tables: torch.Tensor, length: int, page: int) -> torch.Tensor:
+        t = torch.arange(length, device=tables.device)
+        pages = tables.gather(1, (t // page).clamp(max=tables.shape[1] - 1).expand(tables.shape[0], -1))
+        return pages * page + t % page
+
+
+def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: torch.Tensor,
+                    pool_scale: torch.Tensor | None, meta: VarlenBatch, plan: AttentionPlan) -> torch.Tensor:
+    """Write ``[K | V]`` of the new tokens at ``meta.slot_mapping``, then attend each group."""
+    n, num_heads, d = q.shape
+    num_kv = k.shape[1]
+    write_rows(pool, pool_scale, meta.slot_mapping, torch.cat((k.reshape(n, -1), v.reshape(n, -1)), -1))
+    out = torch.empty_like(q)
+    for g in plan.groups:
+        bsz, qlen = g.tokens.shape
+        kv = gather_rows(pool, pool_scale, g.rows, q.dtype).view(bsz, g.rows.shape[1], 2, num_kv, d)
+        qg = q[g.tokens].transpose(1, 2)                     # [B, Hq, Q, D]
+        kg = kv[:, :, 0].transpose(1, 2)                     # [B, Hkv, T, D]
+        vg = kv[:, :, 1].transpose(1, 2)
+        o = F.scaled_dot_product_attention(
+            qg, kg, vg, attn_mask=g.mask, is_causal=g.mask is None and qlen > 1,
+            enable_gqa=num_kv != num_heads,
+        )
+        out[g.tokens.reshape(-1)] = o.transpose(1, 2).reshape(bsz * qlen, num_heads, d)
+    return out

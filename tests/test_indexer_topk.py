@@ -1,0 +1,198 @@
+"""Indexer top-k selection (issue 22): topk with exact tie resolution and the triangular prefill
+blocking select exactly what a stable descending sort of every pool's score selected.
+
+Inputs are small integers and the scale a power of two, so every score is exact whatever the
+matmul blocking: ties are real ties (zeros from the ReLU, repeated keys), and any difference is
+a selection difference. -0.0 (which must tie with 0.0) is covered on raw scores."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashlane.kernels import indexer
+from flashlane.kernels.indexer import (_select_group, _top_pools, _top_pools_prefill, select_positions,
+                                       select_positions_decode)
+from flashlane.kernels.paged import pooled_rows
+
+SCALE = 0.25
+
+
+def sort_select(q, w, keys, visible_pools, query_pos, *, topk, kpool, select_tail, scale):
+    """The selection as it was before issue 22: a stable descending sort of all M pools per query."""
+    g, s = q.shape[:2]
+    m = keys.shape[1]
+    n_sel = min(topk // kpool, m)
+    parts = []
+    if n_sel > 0:
+        scores = indexer._score_pools(q, w, keys, scale)
+        selectable = torch.arange(m) < visible_pools[..., None]
+        scores = scores.masked_fill(~selectable, float("-inf"))
+        order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :n_sel]
+        ok = selectable.gather(-1, order)
+        tok = order[..., None] * kpool + torch.arange(kpool)
+        parts.append(tok.masked_fill(~ok[..., None], -1).flatten(-2))
+    if n_sel * kpool < topk:
+        parts.append(torch.full((g, s, topk - n_sel * kpool), -1, dtype=torch.long))
+    if select_tail and kpool > 1:
+        visible = query_pos + 1
+        r = visible % kpool
+        j = torch.arange(kpool - 1)
+        parts.append(((visible - r)[..., None] + j).masked_fill(j >= r[..., None], -1))
+    return torch.cat(parts, dim=-1)
+
+
+def tie_heavy(g, s, m, *, heads=2, dim=4, seed=0):
+    """q [g, s, heads, dim], w [g, s, heads], keys [g, m, dim] in small integers: few distinct
+    keys, zero keys and zero queries, so most queries have long runs of equal scores."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def ints(*shape):
+        return torch.randint(-2, 3, shape, generator=gen).float()
+
+    q, w = ints(g, s, heads, dim), ints(g, s, heads)
+    q[:, ::5] = 0.0
+    keys = ints(3, dim)[torch.randint(0, 3, (g, m), generator=gen)]
+    keys[:, ::7] = 0.0
+    return q, w, keys
+
+
+def test_tie_heavy_inputs_have_zero_runs_ties_and_positive_scores():
+    q, w, keys = tie_heavy(1, 40, 50)
+    scores = indexer._score_pools(q, w, keys, SCALE)
+    zero = scores == 0
+    assert zero.float().mean() > 0.2 and (scores > 0).any()
+    # besides zeros, most queries repeat their largest score
+    assert (scores == scores.amax(-1, keepdim=True)).sum(-1).gt(1).float().mean() > 0.5
+
+
+@pytest.mark.parametrize("n", [1, 3, 8, 24])
+def test_top_pools_is_the_head_of_a_stable_descending_sort(n):
+    gen = torch.Generator().manual_seed(n)
+    values = torch.tensor([float("-inf"), -1.0, -0.0, 0.0, 0.5, 2.0])
+    x = values[torch.randint(0, len(values), (2, 30, 24), generator=gen)]
+    x[0, 0] = 0.0                                               # a row of nothing but ties
+    x[0, 1] = float("-inf")
+    want = torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :n]
+    assert torch.equal(_top_pools(x, n), want)
+
+
+@pytest.mark.parametrize("n", [1, 4, 5, 40])
+def test_prefill_top_pools_fast_and_exact_rows(n):
+    """Rows whose cut falls between distinct scores (one topk) and rows where a tie straddles it
+    (the exact path), in one call; ties above the cut must still come out lower index first."""
+    gen = torch.Generator().manual_seed(n)
+    distinct = torch.randn(6, 40, generator=gen)
+    # a tie run above a unique cut: [3, 3, 3, 3, 2, 1, 1, ...] shuffled
+    above = torch.tensor([3.0] * 4 + [2.0] + [1.0] * 35)[torch.stack([torch.randperm(40, generator=gen)
+                                                                      for _ in range(6)])]
+    ties = torch.tensor([0.0, -0.0, 1.0, float("-inf")])[torch.randint(0, 4, (6, 40), generator=gen)]
+    x = torch.cat([distinct, above, ties])[None]
+    want = torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :n]
+    assert torch.equal(_top_pools_prefill(x, n), want)
+
+
+def prefill_case(start, s, kpool, seed):
+    ctx = start + s
+    m = ctx // kpool
+    q, w, keys = tie_heavy(1, s, m, seed=seed)
+    pos = torch.arange(start, ctx)[None]
+    return q, w, keys, (pos + 1) // kpool, pos
+
+
+@pytest.mark.parametrize("kpool,topk,tail", [(1, 8, False), (1, 24, False), (4, 8, True), (4, 8, False),
+                                             (4, 40, True), (4, 400, True)])
+@pytest.mark.parametrize("score_block", [1, 37, 1 << 24])
+@pytest.mark.parametrize("start", [0, 29])
+def test_prefill_selection_equals_sort_selection(monkeypatch, kpool, topk, tail, score_block, start):
+    """Chunks starting at 0 and mid-sequence; topk 40 / 400 with kpool 4 ask for more pools than
+    the early queries see (400: more than the context holds); block 1 = one query per block."""
+    monkeypatch.setattr(indexer, "_SCORE_BLOCK", score_block)
+    case = prefill_case(start, 45, kpool, seed=start + kpool)
+    opts = dict(topk=topk, kpool=kpool, select_tail=tail, scale=SCALE)
+    assert torch.equal(_select_group(*case, **opts), sort_select(*case, **opts))
+
+
+def test_prefill_blocks_score_only_the_visible_pools(monkeypatch):
+    scored = []
+    real = indexer._score_pools
+
+    def spy(q, w, keys, scale):
+        scored.append((q.shape[1], keys.shape[1]))
+        return real(q, w, keys, scale)
+
+    monkeypatch.setattr(indexer, "_score_pools", spy)
+    monkeypatch.setattr(indexer, "_SCORE_BLOCK", 2 * 160)       # heads * queries * pools
+    _select_group(*prefill_case(0, 64, 1, seed=3), topk=4, kpool=1, select_tail=False, scale=SCALE)
+    assert scored[0] == (12, 12)                                # 12 * 12 <= 160 < 13 * 13
+    at = 0
+    for n, pools in scored:
+        at += n
+        assert pools == at                                      # query at position p sees p + 1 pools
+        assert n * pools <= 160 or n == 1
+    assert at == 64
+
+
+@pytest.mark.parametrize("kpool,topk,tail", [(1, 8, False), (4, 8, True), (4, 40, False)])
+def test_prefill_groups_with_unordered_visibility(monkeypatch, kpool, topk, tail):
+    """Several sequences per group, visible counts not ascending (the blocks take the running max)."""
+    monkeypatch.setattr(indexer, "_SCORE_BLOCK", 2 * 2 * 3 * 10)
+    q, w, keys = tie_heavy(2, 20, 12, seed=7)
+    pos = torch.randint(0, 12 * kpool, (2, 20), generator=torch.Generator().manual_seed(7))
+    case = (q, w, keys, (pos + 1) // kpool, pos)
+    opts = dict(topk=topk, kpool=kpool, select_tail=tail, scale=SCALE)
+    assert torch.equal(_select_group(*case, **opts), sort_select(*case, **opts))
+
+
+@pytest.mark.parametrize("kpool,topk,tail", [(1, 8, False), (1, 64, False), (4, 8, True), (4, 12, False)])
+def test_decode_selection_equals_sort_selection(kpool, topk, tail):
+    """One query per sequence, every addressable pool scored, positions anywhere (0 included)."""
+    m = 24
+    q, w, keys = tie_heavy(6, 1, m, seed=kpool + topk)
+    pos = torch.tensor([0, 1, 5, 30, m * kpool - 1, 2])[:, None]
+    case = (q, w, keys, (pos + 1) // kpool, pos)
+    opts = dict(topk=topk, kpool=kpool, select_tail=tail, scale=SCALE)
+    assert torch.equal(_select_group(*case, **opts), sort_select(*case, **opts))
+
+
+@pytest.mark.parametrize("kpool,topk,tail", [(1, 8, False), (4, 8, True), (4, 16, False)])
+def test_select_positions_through_the_paged_pool(monkeypatch, kpool, topk, tail):
+    """The public functions on scattered pages: a mixed batch (two prefill chunks, two decode
+    rows) and a decode-only batch through select_positions_decode, against the sort selection."""
+    monkeypatch.setattr(indexer, "_SCORE_BLOCK", 200)
+    page, pages_per_seq, heads, dim = 8, 8, 2, 4
+    n_seqs = 4
+    order = torch.randperm(n_seqs * pages_per_seq, generator=torch.Generator().manual_seed(1)) + 1
+    tables = order.view(n_seqs, pages_per_seq)
+    index_keys = torch.zeros((1 + n_seqs * pages_per_seq) * page // kpool, dim)
+    seq_keys = []
+    for b in range(n_seqs):
+        _, _, k = tie_heavy(1, 1, pages_per_seq * page // kpool, dim=dim, seed=10 + b)
+        rows = pooled_rows(tables, torch.tensor([b]), torch.arange(k.shape[1])[None], page, kpool)
+        index_keys[rows[0]] = k[0]
+        seq_keys.append(k)
+
+    def reference(b, qb, wb, pos):
+        ctx = int(pos[-1]) + 1
+        return sort_select(qb[None], wb[None], seq_keys[b][:, :ctx // kpool], ((pos + 1) // kpool)[None],
+                           pos[None], topk=topk, kpool=kpool, select_tail=tail, scale=SCALE)[0]
+
+    q_lens, starts = [30, 1, 17, 1], [0, 40, 9, 63]
+    ctx_lens = [s + n for s, n in zip(starts, q_lens)]
+    q, w, _ = tie_heavy(1, sum(q_lens), 1, heads=heads, dim=dim, seed=5)
+    q, w = q[0], w[0]
+    positions = torch.cat([torch.arange(s, c) for s, c in zip(starts, ctx_lens)])
+    opts = dict(page_size=page, topk=topk, kpool=kpool, always_select_tail=tail, scale=SCALE)
+    got = select_positions(q, w, index_keys, positions=positions, q_lens=q_lens, ctx_lens=ctx_lens,
+                           block_tables=tables, **opts)
+    at = 0
+    for b, n in enumerate(q_lens):
+        sl = slice(at, at + n)
+        assert torch.equal(got[sl], reference(b, q[sl], w[sl], positions[sl])), f"sequence {b}"
+        at += n
+
+    dec_pos = torch.tensor([3, 40, 0, 63])
+    dec = select_positions_decode(q[:n_seqs], w[:n_seqs], index_keys, positions=dec_pos, block_tables=tables,
+                                  **opts)
+    for b in range(n_seqs):
+        assert torch.equal(dec[b], reference(b, q[b:b + 1], w[b:b + 1], dec_pos[b:b + 1])[0]), f"decode {b}"
