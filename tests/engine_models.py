@@ -1,5 +1,5 @@
-"""Small models for engine tests: a random tiny llama with a byte tokenizer (always available)
-and the presets (tiny-flash, tiny-standard, smollm2-135m) through the registry."""
+"""Small models for engine tests: a random tiny llama and small random GLM models with a byte
+tokenizer (always available), and the presets (tiny-flash, tiny-standard, smollm2-135m) through the registry."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import torch
 
 from flashlane.config import parse_config
+from hf_tiny import GLM5_NEXT_TINY_TEXT, GLM_MOE_DSA_TINY
 
 
 class ByteTokenizer:
@@ -48,3 +49,26 @@ def random_prompts(n: int, lo: int, hi: int, vocab: int, seed: int = 0) -> list[
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(lo, hi + 1, (n,), generator=g).tolist()
     return [torch.randint(3, vocab, (k,), generator=g).tolist() for k in lengths]
+
+
+def small_glm(arch: str, seed: int = 0):
+    """A two-to-three layer random model of ``arch`` (every mixer and FFN kind it has)."""
+    if arch == "glm5_next":
+        from flashlane.models.glm5_next import Glm5NextForCausalLM as cls
+        text = dict(GLM5_NEXT_TINY_TEXT, num_hidden_layers=3, vocab_size=256,
+                    layer_types=["linear_attention", "indexed_attention", "indexed_attention"],
+                    indexer_types=["full", "full", "shared"], mlp_layer_types=["dense", "sparse", "sparse"])
+        raw = dict(model_type="glm5_next", text_config=dict(text, model_type="glm5_next_text"))
+    else:
+        from flashlane.models.glm_moe_dsa import GlmMoeDsaForCausalLM as cls
+        raw = dict(GLM_MOE_DSA_TINY, model_type="glm_moe_dsa", num_hidden_layers=3, vocab_size=256,
+                   indexer_types=["full", "shared", "full"])
+    cfg = parse_config(raw)
+    torch.manual_seed(seed)
+    model = cls(cfg, with_mtp=False) if arch == "glm5_next" else cls(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.08)
+    return SimpleNamespace(model=model.eval(), config=cfg, tokenizer=ByteTokenizer(), name=f"small-{arch}",
+                           path=None)

@@ -10,16 +10,12 @@ from __future__ import annotations
 
 import copy
 import functools
-from types import SimpleNamespace
 
 import pytest
-import torch
 
-from engine_models import ByteTokenizer, random_prompts, tiny_llama
-from flashlane.config import parse_config
+from engine_models import random_prompts, small_glm, tiny_llama
 from flashlane.engine.llm import LLM
 from flashlane.engine.sampling_params import SamplingParams
-from hf_tiny import GLM5_NEXT_TINY_TEXT, GLM_MOE_DSA_TINY
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=3)
 # llama compiles in seconds; a GLM graph takes a minute or more here, so those get one bucket
@@ -27,31 +23,8 @@ GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=
 SIZES = {"llama": (1, 2, 4), "glm5_next": (4,), "glm_moe_dsa": (4,)}
 
 
-def _small_glm(arch: str, seed: int = 0):
-    """A two-to-three layer random model of ``arch`` (every mixer and FFN kind it has)."""
-    if arch == "glm5_next":
-        from flashlane.models.glm5_next import Glm5NextForCausalLM as cls
-        text = dict(GLM5_NEXT_TINY_TEXT, num_hidden_layers=3, vocab_size=256,
-                    layer_types=["linear_attention", "indexed_attention", "indexed_attention"],
-                    indexer_types=["full", "full", "shared"], mlp_layer_types=["dense", "sparse", "sparse"])
-        raw = dict(model_type="glm5_next", text_config=dict(text, model_type="glm5_next_text"))
-    else:
-        from flashlane.models.glm_moe_dsa import GlmMoeDsaForCausalLM as cls
-        raw = dict(GLM_MOE_DSA_TINY, model_type="glm_moe_dsa", num_hidden_layers=3, vocab_size=256,
-                   indexer_types=["full", "shared", "full"])
-    cfg = parse_config(raw)
-    torch.manual_seed(seed)
-    model = cls(cfg, with_mtp=False) if arch == "glm5_next" else cls(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.08)
-    return SimpleNamespace(model=model.eval(), config=cfg, tokenizer=ByteTokenizer(), name=f"small-{arch}",
-                           path=None)
-
-
-MODELS = {"llama": lambda: tiny_llama(), "glm5_next": lambda: _small_glm("glm5_next"),
-          "glm_moe_dsa": lambda: _small_glm("glm_moe_dsa")}
+MODELS = {"llama": lambda: tiny_llama(), "glm5_next": lambda: small_glm("glm5_next"),
+          "glm_moe_dsa": lambda: small_glm("glm_moe_dsa")}
 
 
 @functools.lru_cache(maxsize=None)

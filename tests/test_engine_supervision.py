@@ -13,6 +13,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import threading
 import time
 
 import httpx
@@ -76,10 +77,14 @@ def _assert_unavailable(r: httpx.Response, retry_after: bool) -> None:
         assert "retry-after" not in r.headers
 
 
-def test_a_killed_engine_process_is_restarted_then_given_up_on_past_the_limit(caplog, tmp_path):
+def test_a_killed_engine_process_is_restarted_then_given_up_on_past_the_limit(caplog, tmp_path, monkeypatch):
     caplog.set_level(logging.WARNING, logger="flashlane.engine")
     engine = engine_in_process(MODEL, max_restarts=1, restart_backoff=2.0, **CORE_ARGS)
     transport = engine.transport
+    # the new process starts only once the "restarting" checks are done: a busy machine can
+    # spend longer than the backoff on them, and then they would see the engine already back
+    respawn_allowed, real_spawn = threading.Event(), transport._timed_spawn
+    monkeypatch.setattr(transport, "_timed_spawn", lambda: (respawn_allowed.wait(300), real_spawn())[1])
     with LiveServer(None, MODEL, engine=engine) as srv, httpx.Client(base_url=srv.url, timeout=120) as c:
         first_pid = transport.pid
         asyncio.run(engine.start_profile())   # a window open in the engine process that will die
@@ -111,6 +116,7 @@ def test_a_killed_engine_process_is_restarted_then_given_up_on_past_the_limit(ca
         assert metric(m, "flashlane:num_requests_running") >= 0   # the last engine numbers stay
 
         # the new engine process serves the same greedy output; "restarting" until then
+        respawn_allowed.set()
         seen = set()
 
         def serving_again() -> bool:

@@ -8,22 +8,19 @@ import ast
 import copy
 from collections import Counter
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 import flashlane
-from engine_models import ByteTokenizer, random_prompts, tiny_llama
+from engine_models import random_prompts, small_glm, tiny_llama
 from flashlane.cache_spec import cache_spec
-from flashlane.config import parse_config
 from flashlane.engine.cache.pools import allocate_pools
 from flashlane.engine.llm import LLM
 from flashlane.engine.sampling_params import SamplingParams
 from flashlane.kernels import backends
 from flashlane.kernels.backends import CpuBackend, KernelBackend, available_backends, select_backend
 from flashlane.models.forward_batch import ForwardBatch
-from hf_tiny import GLM5_NEXT_TINY_TEXT, GLM_MOE_DSA_TINY
 
 MODELS = Path(flashlane.__file__).resolve().parent / "models"
 
@@ -122,26 +119,7 @@ def counting(registry):
 
 def _small(arch: str):
     """Two-to-three layers of ``arch`` with every mixer and FFN kind it has, random weights."""
-    if arch == "llama":
-        return tiny_llama()
-    if arch == "glm5_next":
-        from flashlane.models.glm5_next import Glm5NextForCausalLM as cls
-        text = dict(GLM5_NEXT_TINY_TEXT, num_hidden_layers=3, vocab_size=256,
-                    layer_types=["linear_attention", "indexed_attention", "indexed_attention"],
-                    indexer_types=["full", "full", "shared"], mlp_layer_types=["dense", "sparse", "sparse"])
-        raw = dict(model_type="glm5_next", text_config=dict(text, model_type="glm5_next_text"))
-    else:
-        from flashlane.models.glm_moe_dsa import GlmMoeDsaForCausalLM as cls
-        raw = dict(GLM_MOE_DSA_TINY, model_type="glm_moe_dsa", num_hidden_layers=3, vocab_size=256,
-                   indexer_types=["full", "shared", "full"])
-    cfg = parse_config(raw)
-    torch.manual_seed(0)
-    model = cls(cfg, with_mtp=False)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.08)
-    return SimpleNamespace(model=model.eval(), config=cfg, tokenizer=ByteTokenizer(), name=f"small-{arch}", path=None)
+    return tiny_llama() if arch == "llama" else small_glm(arch)
 
 
 def _logits(m, ops: KernelBackend) -> list[torch.Tensor]:
