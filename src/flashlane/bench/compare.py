@@ -7,6 +7,9 @@ with that stack's flags for the model's role (hybrid or standard); URL targets c
 so then only the given servers run. Both servers of a stack are up together and every load point
 is measured in interleaved rounds (bench/rounds.py: the same tasks on A and B back to back, ABBA
 order), so the machine's drift hits both sides and each round is one pair for the ratio's CI.
+A stack whose command is not `flashlane serve` (a stack file's vLLM or SGLang server) is started
+as written; it has no engine step records, so for it only the measured wall-clock figures are
+reported, with a note, and neither analyze's prediction nor the local profile is run for it.
 The report is written by compare_report.py.
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
@@ -29,6 +33,7 @@ from .machine_load import summarize_rounds
 from .rounds import merge_side, round_sizes, run_round, schedule
 from .runner import BenchConfig, build_source
 from .server_launch import ServerProcess, free_port, serve_command
+from .stack_files import command_with_env
 from .stacks import ROLES, Stack
 from .task_components import measured_components, replayed_turns
 from .text_synth import TextSynth, TokenizerResolver, load_tokenizer
@@ -75,17 +80,36 @@ def launch_command(t: CompareTarget, port: int, template: str | None, extra_args
     return serve_command(t.model, port, None, list(extra_args) + flags)
 
 
+def stack_command(t: CompareTarget, port: int, s: Stack, template: str | None,
+                  extra_args: list[str]) -> list[str]:
+    """The server command of stack `s` for target `t`'s role: an external server's template as
+    written; `flashlane serve` flags through `launch_command`; either with the stack's env."""
+    spec = s.role(t.role)
+    if spec.external:
+        return command_with_env(spec, serve_command(t.model, port, spec.command))
+    values = {"model": t.model, "port": port, "host": "127.0.0.1", "python": sys.executable}
+    flags = [f.format(**values) for f in s.flags(t.role)]
+    return command_with_env(spec, launch_command(t, port, template, extra_args, flags))
+
+
 def start_targets(targets: list[CompareTarget], folder: Path, stack: contextlib.ExitStack,
                   template: str | None, extra_args: list[str], startup_timeout_s: float, log,
-                  flags: dict[str, list[str]] | None = None) -> None:
+                  flags: dict[str, list[str]] | None = None, serving: Stack | None = None) -> None:
+    """Start each model's server: under stack `serving` when given, else with `flags`."""
     for t in targets:
         if is_url(t.spec):
             continue
         port = free_port()
         own = (flags or {}).get(t.name, [])
-        cmd = launch_command(t, port, template, extra_args, own)
+        if serving is not None:
+            cmd = stack_command(t, port, serving, template, extra_args)
+        else:
+            cmd = launch_command(t, port, template, extra_args, own)
         t.base_url = f"http://127.0.0.1:{port}"
-        log(f"starting {t.model} on port {port}" + (f" with {' '.join(own)}" if own else ""))
+        if serving is not None and serving.external(t.role):
+            log(f"starting {t.model} on port {port} as an external server: {' '.join(cmd)}")
+        else:
+            log(f"starting {t.model} on port {port}" + (f" with {' '.join(own)}" if own else ""))
         t.server = ServerProcess(cmd, t.base_url, folder / t.name / "server.log", startup_timeout_s)
         stack.callback(t.server.stop)
         t.server.start()
@@ -194,7 +218,7 @@ def run_compare(a: str, b: str, base_cfg: BenchConfig, out_dir: Path, template: 
                 if g.stack:
                     log(f"stack {g.name}")
                 start_targets(targets, folder, servers, template, extra_args or [], startup_timeout_s,
-                              log, g.flags)
+                              log, g.flags, g.stack)
                 if synth is None:
                     base_cfg, synth = prompt_synth(base_cfg, targets, resolve_tokenizer)
                 cfgs = {t.name: replace(base_cfg, base_url=t.base_url, model=served_model(t),
@@ -208,8 +232,25 @@ def run_compare(a: str, b: str, base_cfg: BenchConfig, out_dir: Path, template: 
                         g.points[t.name].append(runs[t.name])
     finally:
         signal.signal(signal.SIGTERM, previous)
-    attribution = attribute(targets, groups, predict, profile, out_dir, log)
+    attribution = attribute(targets, groups, predict, profile, out_dir, log) + external_notes(targets, groups)
     return write_compare(targets, groups, base_cfg, out_dir, roles_how, attribution, hardware, conditions)
+
+
+def external_notes(targets: list[CompareTarget], groups: list[StackRun]) -> list[str]:
+    """One sentence per stack with an external (not `flashlane serve`) server."""
+    lines = []
+    for g in groups:
+        ext = [t.name for t in targets if g.stack and not is_url(t.spec) and g.stack.external(t.role)]
+        if ext:
+            lines.append(f"{g.name} runs {' and '.join(ext)} on an external server (not `flashlane serve`): "
+                         f"only the measured wall-clock figures are shown there; engine-side attributions "
+                         f"(engine busy time, step records, the per-task partition, analyze's prediction "
+                         f"and the profile) are unavailable.")
+    return lines
+
+
+def _flashlane_side(g: StackRun, t: CompareTarget) -> bool:
+    return not (g.stack and g.stack.external(t.role))
 
 
 def attribute(targets, groups: list[StackRun], predict: Predictor | None, profile: Profiler | None,
@@ -222,7 +263,7 @@ def attribute(targets, groups: list[StackRun], predict: Predictor | None, profil
     lines = []
     for g in groups:
         for t in targets:
-            if not t.model or is_url(t.spec) or predict is None:
+            if not t.model or is_url(t.spec) or predict is None or not _flashlane_side(g, t):
                 continue
             for pr in g.points.get(t.name) or []:
                 if pr.turns:
@@ -232,7 +273,7 @@ def attribute(targets, groups: list[StackRun], predict: Predictor | None, profil
     for t in targets:
         if not t.model or is_url(t.spec):
             continue
-        runs = [pr for g in groups for pr in g.points.get(t.name, [])]
+        runs = [pr for g in groups if _flashlane_side(g, t) for pr in g.points.get(t.name, [])]
         contexts = [max(i + o for i, _, o in task) for pr in runs for task in pr.turns if task]
         if not contexts:
             continue

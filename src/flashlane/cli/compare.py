@@ -107,8 +107,15 @@ def add_parser(subparsers):
                         "10-11 turns growing past 8K tokens, whole tasks from turn 0 (no t* warmup)")
     p.add_argument("--stacks", default=None,
                    help="serving stacks to run each model under, comma-separated: naive, "
-                        "hybrid-cache-gap, flashlane (default: all three; with --serve-command or "
-                        "URL targets: none, the servers as given)")
+                        "hybrid-cache-gap, flashlane, or one a --stacks-file defines (default: all "
+                        "three, or the --stacks-file stacks; with --serve-command or URL targets: "
+                        "none, the servers as given)")
+    p.add_argument("--stacks-file", action="append", default=[], metavar="PATH",
+                   help="a stack file (TOML: per role a server command, env and mechanisms; see "
+                        "examples/stacks/) or a folder of them (repeatable); adds stacks or overrides "
+                        "built-ins of the same name; without --stacks, the stacks of these files run, "
+                        "in order. A command other than `flashlane serve` (vLLM, SGLang) is started "
+                        "as written; only wall-clock figures are measured for it")
     p.add_argument("--no-predict", action="store_true",
                    help="skip the local hardware calibration, analyze's prediction and the profile")
     p.add_argument("--no-profile", action="store_true",
@@ -138,15 +145,18 @@ def run(args) -> int:
     from flashlane.bench.replay import BenchAbort
     from flashlane.bench.runner import BenchConfig
     from flashlane.bench.server_launch import ServerStartError
-
-    from flashlane.bench.stacks import parse_stacks
+    from flashlane.bench.stack_files import load_stack_paths
+    from flashlane.bench.stacks import ROLES, STACKS, parse_stacks
 
     if args.a == args.b:
         print("flashlane compare: error: A and B are the same target", file=sys.stderr)
         return 2
     try:
-        # a custom --serve-command gets stack flags only when --stacks is asked for explicitly
-        stacks = parse_stacks(args.stacks) if args.stacks or not args.serve_command else None
+        files = load_stack_paths(args.stacks_file) if args.stacks_file else {}
+        # a custom --serve-command gets stack flags only when stacks are asked for explicitly
+        asked = bool(args.stacks or files)
+        stacks = (parse_stacks(args.stacks, {**STACKS, **files}, default=list(files) or None)
+                  if asked or not args.serve_command else None)
     except ValueError as e:
         print(f"flashlane compare: error: {e}", file=sys.stderr)
         return 2
@@ -154,6 +164,11 @@ def run(args) -> int:
         print("flashlane compare: URL targets cannot take stacks; only the given servers run",
               file=sys.stderr)
         stacks = None
+    # servers started here that are `flashlane serve` (equal conditions, local prediction and profile)
+    local_engine = not stacks or any(not s.external(r) for s in stacks for r in ROLES)
+    if stacks and (args.serve_command or args.serve_arg) and any(s.external(r) for s in stacks for r in ROLES):
+        print("flashlane compare: --serve-command / --serve-arg apply to `flashlane serve` stacks only; "
+              "external stack commands run as written", file=sys.stderr)
     out = Path(args.output_dir or time.strftime("flashlane-compare-%Y%m%d-%H%M%S"))
     kw = common_kwargs(args)
     if args.scale == "long" and kw["warmup"] == "auto":
@@ -167,13 +182,16 @@ def run(args) -> int:
                           concurrency=args.concurrency or DEFAULT_CONCURRENCY.get(args.scale, [1, 2, 4]),
                           sessions_per_load=SESSIONS_PER_LOAD[args.scale], **kw)
         extra_args, conditions = list(args.serve_arg), None
-        if not args.serve_command and not any(t.startswith(("http://", "https://")) for t in (args.a, args.b)):
+        if (not args.serve_command and local_engine
+                and not any(t.startswith(("http://", "https://")) for t in (args.a, args.b))):
             more, conditions = equal_conditions(extra_args, log)
             extra_args += more
         from .. import presets
         from . import compare_attribution as attr
         predict = profile = hardware = None
-        if not args.no_predict:
+        if not local_engine and not args.no_predict:
+            log("compare: every stack runs an external server; no local calibration, prediction or profile")
+        if not args.no_predict and local_engine:
             local, hardware = attr.calibrate(log=log)
             predict = attr.make_predictor(local) if local is not None else None
             profile = None if args.no_profile else attr.make_profiler(out, log=log)
