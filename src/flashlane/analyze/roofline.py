@@ -62,7 +62,8 @@ class Roofline:
         self.cache = cache or cache_bytes(cfg)
         lay = setup.layout
         comp = component_bytes(cfg, self.params, setup.weight_dtype)
-        self._attn_weights = (sum(comp[k] for k in ("head", "kda", "mla", "attn", "indexer")) / lay.tp
+        head = comp["head"] or comp["embedding"]   # a tied head reads the embedding matrix
+        self._attn_weights = (sum((comp[k] for k in ("kda", "mla", "attn", "indexer")), head) / lay.tp
                               + sum(comp[k] for k in ("norms", "mhc", "router")))
         self._ffn_fixed = (comp["dense_ffn"] + comp["shared_experts"]) / lay.tp
         n_experts = self.params.total_by["routed_experts"] / max(expert_params(cfg), 1)

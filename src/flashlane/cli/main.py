@@ -16,6 +16,7 @@ COMMANDS = {
     "compare": "flashlane.cli.compare",
     "analyze": "flashlane.cli.analyze",
     "profile": "flashlane.cli.profile",
+    "calibrate": "flashlane.cli.calibrate",
     "tune": "flashlane.cli.tune",
     "history": "flashlane.cli.history",
     "make-tiny": "flashlane.cli.make_tiny",

@@ -261,6 +261,7 @@ class LLMEngine:
                 time.sleep(max(0.0, min(sched.wake_at - time.monotonic(), 0.05)))
             return []
         model_start = time.monotonic()
+        cached = tuple(s.req.num_computed_tokens for s in sched.seqs)   # before the step advances them
         results = self.runner.run(sched)
         now = time.monotonic()
         progress = self.scheduler.update_from_output(sched, results)
@@ -269,7 +270,7 @@ class LLMEngine:
             if d.finished:
                 self._retire(self.requests[d.request_id], d)
         self._record_step(sched, wall_start, start, now - model_start, progress.prefill_tokens,
-                          progress.decode_seqs)
+                          progress.decode_seqs, cached)
         self.counters["prompt_tokens"] += progress.prefill_tokens
         self.counters["generation_tokens"] += sum(n for _, n in progress.sampled)
         return deltas
@@ -291,7 +292,7 @@ class LLMEngine:
         return delta
 
     def _record_step(self, sched, wall_start: float, start: float, model_s: float, prefill_tokens: int,
-                     decode_seqs: int) -> None:
+                     decode_seqs: int, cached: tuple[int, ...]) -> None:
         usage = self.cache.usage()
         self._num_steps += 1
         self.step_stats.append(StepRecord(
@@ -301,7 +302,8 @@ class LLMEngine:
             prefill_tokens=prefill_tokens, decode_tokens=sched.num_tokens - prefill_tokens,
             decode_seqs=decode_seqs, num_running=self.num_running, num_waiting=self.num_waiting,
             num_preempted=len(sched.preempted), pages_used=usage["pages_used"], slots_used=usage["slots_used"],
-            request_ids=tuple(s.req.request_id for s in sched.seqs)))
+            request_ids=tuple(s.req.request_id for s in sched.seqs),
+            seq_new_tokens=tuple(s.num_new for s in sched.seqs), seq_cached_tokens=cached))
 
     def stats(self) -> dict:
         return {"running": self.num_running, "waiting": self.num_waiting,

@@ -34,6 +34,10 @@ class StepRecord:
     pages_used: int
     slots_used: int
     request_ids: tuple[str, ...]
+    # the step's composition, one entry per scheduled sequence in request_ids' order: tokens
+    # computed this step and tokens already in the cache before it (what a step-cost model reads)
+    seq_new_tokens: tuple[int, ...] = ()
+    seq_cached_tokens: tuple[int, ...] = ()
 
     @property
     def duration(self) -> float:
@@ -41,6 +45,7 @@ class StepRecord:
 
     def to_json(self, with_ids: bool = True) -> dict:
         d = asdict(self)
+        d["seq_new_tokens"], d["seq_cached_tokens"] = list(self.seq_new_tokens), list(self.seq_cached_tokens)
         if with_ids:
             d["request_ids"] = list(self.request_ids)
         else:

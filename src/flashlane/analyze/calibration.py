@@ -1,0 +1,82 @@
+"""A step-cost calibration on disk: the fitted coefficients of one model on one machine in one
+engine mode, with the machine, the mode, the grid it was measured on and the fit's residuals.
+
+A calibration only describes the machine and mode it was measured in, so reading one checks
+both: another CPU model or vector capability, or another engine mode (dtype, kv-cache dtype,
+quantisation, static graphs, kernel backend, threads), is refused naming the field, unless the
+caller asks only for warnings. A file written by a newer schema is always refused.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..config import ModelConfig
+from .step_cost import TERMS, StepCostModel, StepWork
+
+SCHEMA = 1
+MACHINE_KEYS = ("cpu_model", "cpu_capability", "cuda")      # a different value: another machine
+MODE_KEYS = ("dtype", "kv_cache_dtype", "quantization", "compile", "kernel_backend", "num_threads")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    model: str
+    machine: dict
+    mode: dict
+    peak_flops: float
+    mem_bw: float
+    weight_dtype: str               # the step-cost model's weight dtype (fp32, bf16, int8)
+    kv_dtype: str
+    coefficients: dict
+    fit: dict                       # residuals: median / p90 relative error, overall and by step kind
+    grid: dict
+    seconds: float                  # how long the calibration took
+    schema: int = SCHEMA
+    notes: list = field(default_factory=list)
+
+    def cost_model(self, cfg: ModelConfig) -> StepCostModel:
+        return StepCostModel(StepWork(cfg, self.weight_dtype, self.kv_dtype), self.peak_flops, self.mem_bw,
+                             self.coefficients)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+def _mismatches(want: dict, have: dict, keys: tuple[str, ...], what: str) -> list[str]:
+    return [f"{what} {k}: the calibration has {have.get(k)!r}, this run has {want[k]!r}"
+            for k in keys if k in want and want[k] != have.get(k)]
+
+
+def load_calibration(path: str | Path, machine: dict | None = None, mode: dict | None = None,
+                     strict: bool = True) -> tuple[Calibration, list[str]]:
+    """Read a calibration; compare it with this ``machine`` / ``mode`` when given. Mismatches are a
+    ValueError naming each field (``strict``) or returned as warnings."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"calibration {path}: cannot read it ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"calibration {path}: expected a JSON object")
+    schema = raw.get("schema")
+    if not isinstance(schema, int) or schema > SCHEMA:
+        raise ValueError(f"calibration {path}: schema {schema!r} is newer than this flashlane reads ({SCHEMA}); "
+                         "upgrade flashlane or calibrate again")
+    try:
+        cal = Calibration(**{k: raw[k] for k in Calibration.__dataclass_fields__ if k in raw})
+    except TypeError as exc:
+        raise ValueError(f"calibration {path}: missing field ({exc})") from None
+    missing = [t for t in TERMS if t not in cal.coefficients]
+    if missing:
+        raise ValueError(f"calibration {path}: coefficients lack {', '.join(missing)}")
+    problems = (_mismatches(machine or {}, cal.machine, MACHINE_KEYS, "machine")
+                + _mismatches(mode or {}, cal.mode, MODE_KEYS, "engine mode"))
+    if problems and strict:
+        raise ValueError(f"calibration {path} does not describe this run: " + "; ".join(problems)
+                         + " (calibrate again on this machine and mode)")
+    return cal, problems

@@ -1,0 +1,174 @@
+"""`flashlane calibrate MODEL`: fit the step-cost model of MODEL to this machine and engine mode.
+
+Runs the engine over a small grid (prefill chunk size x concurrency x prompt length, each prompt
+followed by a second turn that extends it, so prefill chunks after a cached prefix are measured
+too, and a few decode steps of every batch), reads the engine's own step records, fits
+``analyze.step_cost`` to their durations and writes the calibration JSON (machine, mode, grid,
+coefficients, residuals). The residuals are also reported 2-fold cross-validated: the fit on every
+other step predicts the steps it did not see.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+
+from .engine_flags import add_engine_flags, apply_thread_default, engine_kwargs
+from .help import HelpFormatter
+
+DEFAULT_CHUNKS = (256, 2048)
+DEFAULT_BATCHES = (1, 4, 8)
+DEFAULT_CONTEXTS = (256, 1024, 4096)
+QUICK = {"chunks": (256,), "batches": (1, 4), "contexts": (128, 512)}
+
+
+def _ints(value: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {value!r}") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {value!r}")
+    return out
+
+
+def add_parser(sub):
+    p = sub.add_parser(
+        "calibrate", formatter_class=HelpFormatter,
+        help="fit the step-cost model (simulator) of a model to this machine and engine mode",
+        description="Measures engine steps over a grid of prefill chunk sizes, concurrencies and prompt lengths, "
+                    "fits t_step = t_host + sum_g c_g max(flops_g/peak, bytes_g/bw) + n_ops t_dispatch to the "
+                    "engine's step records, prints the fit's residuals and writes the calibration JSON.")
+    p.add_argument("model", help="preset, checkpoint folder or .gguf file")
+    p.add_argument("--out", default=None, help="calibration file (default: calibration-<model>.json)")
+    p.add_argument("--chunks", type=_ints, default=DEFAULT_CHUNKS,
+                   help="prefill chunk sizes (--max-num-batched-tokens per engine)")
+    p.add_argument("--batches", type=_ints, default=DEFAULT_BATCHES, help="requests run at once")
+    p.add_argument("--contexts", type=_ints, default=DEFAULT_CONTEXTS, help="prompt lengths in tokens")
+    p.add_argument("--decode-tokens", type=int, default=12, help="tokens generated per request")
+    p.add_argument("--quick", action="store_true", help="a small grid (a smoke run; a poor fit)")
+    add_engine_flags(p)
+    p.set_defaults(max_num_batched_tokens=None)
+    return p
+
+
+def _grid_steps(args, chunk: int, seed: int):
+    """Run the grid at one chunk size in a fresh engine: its step records, the engine's info and
+    the model config it ran."""
+    from ..engine.llm import LLM
+    from ..engine.sampling_params import SamplingParams
+
+    kwargs = {**engine_kwargs(args), "max_num_batched_tokens": chunk}
+    llm = LLM(args.model, **kwargs)
+    rng = random.Random(seed)
+    vocab = llm.engine.config.vocab_size
+    params = SamplingParams(max_tokens=args.decode_tokens, temperature=0, ignore_eos=True)
+    longest = llm.engine.max_model_len - 2 * args.decode_tokens - max(args.chunks)
+    try:
+        llm.generate([[rng.randrange(3, vocab)] * 8], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
+        llm.engine.step_stats.clear()
+        for batch in args.batches:
+            for ctx in args.contexts:
+                ctx = min(ctx, longest)
+                prompts = [[rng.randrange(3, vocab) for _ in range(ctx)] for _ in range(batch)]
+                outs = llm.generate(prompts, params)
+                # the next turn: the prompt, the answer and a new message, after a cached prefix
+                follow = [p + list(o.token_ids) + [rng.randrange(3, vocab) for _ in range(min(chunk, 256))]
+                          for p, o in zip(prompts, outs)]
+                llm.generate(follow, params)
+        return [r.to_json(with_ids=False) for r in llm.engine.step_stats], llm.engine.info.report(), llm.engine.config
+    finally:
+        llm.close()
+
+
+def _weight_dtype(info: dict) -> str:
+    q = info.get("quantization")
+    if q:
+        return "int8"
+    return "fp32" if info["dtype"] == "float32" else "bf16"
+
+
+def _kind(shape) -> str:
+    return "mixed" if shape.prefill and shape.decode else "prefill" if shape.prefill else "decode"
+
+
+def _summary(model, shapes, seconds) -> dict:
+    from ..analyze.step_cost import _quantile, _rel_errors
+
+    out = {}
+    for kind in ("all", "prefill", "decode", "mixed"):
+        pairs = [(s, t) for s, t in zip(shapes, seconds) if kind == "all" or _kind(s) == kind]
+        if pairs:
+            errs = _rel_errors([model.seconds(s) for s, _ in pairs], [t for _, t in pairs])
+            out[kind] = {"steps": len(pairs), "median_rel_error": _quantile(errs, 0.5),
+                         "p90_rel_error": _quantile(errs, 0.9),
+                         "measured_s": sum(t for _, t in pairs), "predicted_s": sum(model.seconds(s) for s, _ in pairs)}
+    return out
+
+
+def run(args) -> int:
+    if args.quick:
+        args.chunks, args.batches, args.contexts = QUICK["chunks"], QUICK["batches"], QUICK["contexts"]
+    if args.decode_tokens < 2:
+        print("error: --decode-tokens must be >= 2 (decode steps are part of the grid)", file=sys.stderr)
+        return 2
+    apply_thread_default(args)   # before torch loads
+    from ..analyze.calibration import Calibration
+    from ..analyze.hardware import calibrate_local
+    from ..analyze.step_cost import StepShape, StepWork, fit
+    from ..machine import machine_info
+
+    t0 = time.monotonic()
+    hw = calibrate_local()
+    records, info, cfg = [], None, None
+    for i, chunk in enumerate(args.chunks):
+        recs, info, cfg = _grid_steps(args, chunk, seed=args.seed + i)
+        records += recs
+    shapes = [StepShape.from_record(r) for r in records]
+    seconds = [r["end"] - r["start"] for r in records]
+    work = StepWork(cfg, _weight_dtype(info), "int8" if info["kv_cache_dtype"] == "int8" else "bf16")
+    peak, bw = hw.peak("bf16"), hw.mem_bw
+    model, result = fit(work, shapes, seconds, peak, bw)
+    # 2-fold cross-validation: each half predicted by the fit on the other
+    halves = [(shapes[j::2], seconds[j::2]) for j in (0, 1)]
+    held_out = []
+    for j in (0, 1):
+        m, _ = fit(work, *halves[1 - j], peak, bw)
+        held_out.append(_summary(m, *halves[j])["all"])
+    mode = {"dtype": info["dtype"], "kv_cache_dtype": info["kv_cache_dtype"],
+            "quantization": _weight_dtype(info) if info.get("quantization") else None,
+            "compile": bool(args.compile), "kernel_backend": (info.get("kernel_backend") or {}).get("name"),
+            "num_threads": info.get("num_threads")}
+    cal = Calibration(
+        model=args.model, machine=machine_info(), mode=mode, peak_flops=peak, mem_bw=bw,
+        weight_dtype=_weight_dtype(info), kv_dtype="int8" if info["kv_cache_dtype"] == "int8" else "bf16",
+        coefficients=model.coefficients,
+        fit={**result.to_dict(), "by_kind": _summary(model, shapes, seconds), "cross_validated": held_out},
+        grid={"chunks": list(args.chunks), "batches": list(args.batches), "contexts": list(args.contexts),
+              "decode_tokens": args.decode_tokens, "steps": len(records)},
+        seconds=time.monotonic() - t0,
+        notes=[f"peak and bandwidth: {hw.note}", "t_step is the engine step's wall time (scheduling, model run, "
+               "output processing) from its step records"])
+    out = args.out or f"calibration-{str(args.model).replace('/', '_')}.json"
+    cal.save(out)
+    _print(cal, out)
+    return 0
+
+
+def _print(cal, out: str) -> None:
+    m, f = cal.machine, cal.fit
+    print(f"calibrated {cal.model} on {m['cpu_model']} ({m['cpu_capability']}), {cal.mode['dtype']}, "
+          f"{'static-graph decode' if cal.mode['compile'] else 'eager'}, {cal.mode['num_threads']} threads: "
+          f"{cal.grid['steps']} steps in {cal.seconds:.0f} s")
+    print(f"  {'steps':<8} {'n':>5} {'median |err|':>13} {'p90 |err|':>10} {'measured s':>11} {'predicted s':>12}")
+    for kind, s in f["by_kind"].items():
+        print(f"  {kind:<8} {s['steps']:>5} {100 * s['median_rel_error']:>12.1f}% {100 * s['p90_rel_error']:>9.1f}% "
+              f"{s['measured_s']:>11.2f} {s['predicted_s']:>12.2f}")
+    cv = f["cross_validated"]
+    print(f"  held out (2-fold): median |err| {100 * cv[0]['median_rel_error']:.1f}% / "
+          f"{100 * cv[1]['median_rel_error']:.1f}%, p90 {100 * cv[0]['p90_rel_error']:.1f}% / "
+          f"{100 * cv[1]['p90_rel_error']:.1f}%")
+    print("  coefficients: " + ", ".join(f"{k} {v:.3g}" for k, v in cal.coefficients.items()))
+    print(f"written to {out}")

@@ -1,0 +1,203 @@
+"""The step-cost model: its work agrees with analyze (FLOPs of prefill and decode, decode bytes
+of the roofline) on tiny and full-size configs, its fit recovers known coefficients, bad inputs
+are refused naming what is wrong, and engine step records carry the composition it reads."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from flashlane.analyze import decode_flops, prefill_flops
+from flashlane.analyze.hardware import HARDWARE
+from flashlane.analyze.memory import Layout
+from flashlane.analyze.models import resolve_model
+from flashlane.analyze.roofline import Roofline, Setup
+from flashlane.analyze.step_cost import GROUPS, TERMS, StepCostModel, StepShape, StepWork, fit
+
+CONFIGS = ("tiny-flash", "tiny-standard", "smollm2-135m", "glm-5.3-flash", "glm-5.3")
+
+
+def _cfg(name: str):
+    return resolve_model(name).cfg
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_step_flops_are_analyze_flops(name):
+    cfg = _cfg(name)
+    work = StepWork(cfg)
+    # one prefill chunk after a cached prefix: analyze's prefill (head on the last row only)
+    g = work.groups(StepShape(prefill=((777, 3000),)))
+    assert sum(x.flops for x in g.values()) == pytest.approx(prefill_flops(cfg, 777, 3000).total, rel=1e-12)
+    # a decode batch at mixed contexts: the sum of analyze's per-token decode FLOPs
+    ctx = (5, 900, 4097, 20000)
+    g = work.groups(StepShape(decode=tuple(c - 1 for c in ctx)))
+    assert sum(x.flops for x in g.values()) == pytest.approx(sum(decode_flops(cfg, c).total for c in ctx), rel=1e-12)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_decode_bytes_are_the_roofline_bytes(name, dtype):
+    cfg = _cfg(name)
+    work = StepWork(cfg, weight_dtype=dtype)
+    roof = Roofline(cfg, Setup(HARDWARE["h200"], Layout(tp=1), weight_dtype=dtype))
+    for batch, context in ((1, 64), (8, 4096), (32, 100_000)):
+        g = work.groups(StepShape(decode=(context - 1,) * batch))
+        assert sum(x.bytes for x in g.values()) == pytest.approx(roof.decode_step(batch, context).bytes, rel=1e-9)
+
+
+def test_groups_split_the_work_by_kind():
+    flash, llama = StepWork(_cfg("tiny-flash")), StepWork(_cfg("smollm2-135m"))
+    shape = StepShape(prefill=((256, 0),), decode=(1000,))
+    assert flash.groups(shape)["recurrence"].flops > 0 and flash.groups(shape)["experts"].flops > 0
+    assert llama.groups(shape)["recurrence"] == llama.groups(shape)["experts"] == type(
+        llama.groups(shape)["experts"])(0.0, 0.0)
+    # routed experts: bytes grow with the distinct experts a step touches, up to all of them
+    one, many = (flash.groups(StepShape(decode=(10,) * n))["experts"].bytes for n in (1, 512))
+    assert many > 4 * one
+    assert flash.distinct_experts(10**6) == pytest.approx(flash.cfg.n_routed_experts)
+    # dispatch counts: a prefill sequence adds work in every layer, decode rows do not
+    assert flash.op_counts(StepShape(prefill=((8, 0), (8, 0))))[0] == 2 * flash.cfg.num_layers
+    assert flash.op_counts(StepShape(decode=(3, 4)))[0] == 0
+
+
+def _shapes(rng: random.Random, n: int) -> list[StepShape]:
+    out = []
+    for _ in range(n):
+        pre = tuple((rng.choice((2, 16, 64, 256, 1024, 2048)), rng.choice((0, 0, 512, 4096)))
+                    for _ in range(rng.choice((0, 0, 1, 2))))
+        dec = tuple(rng.randrange(0, 16000) for _ in range(rng.choice((0, 1, 4, 16)) if pre else rng.choice((1, 4, 16))))
+        out.append(StepShape(prefill=pre, decode=dec))
+    return out
+
+
+@pytest.mark.parametrize("name", ["tiny-flash", "tiny-standard", "smollm2-135m"])
+def test_fit_recovers_the_coefficients_that_made_the_steps(name):
+    work = StepWork(_cfg(name))
+    rng = random.Random(7)
+    truth = {"t_step": 2e-3, "t_seq": 1e-4, "t_dispatch_seq_layer": 3e-5, "t_dispatch_expert": 2e-5,
+             "c_weights": 4.0, "c_experts": 6.0, "c_attention": 9.0, "c_recurrence": 12.0, "c_head": 3.0}
+    made = StepCostModel(work, 2e11, 5e10, truth)
+    shapes = _shapes(rng, 300)
+    seconds = [made.seconds(s) for s in shapes]
+    model, result = fit(work, shapes, seconds, 2e11, 5e10)
+    assert result.median_rel_error < 1e-6 and result.p90_rel_error < 1e-6 and result.n_steps == 300
+    for s in _shapes(random.Random(8), 50):     # steps the fit never saw
+        assert model.seconds(s) == pytest.approx(made.seconds(s), rel=1e-5)
+    assert sum(model.breakdown(shapes[0]).values()) == pytest.approx(model.seconds(shapes[0]))
+
+
+def test_fit_gives_an_unused_term_zero_and_never_a_negative_coefficient():
+    work = StepWork(_cfg("smollm2-135m"))      # dense: no experts, no recurrence
+    shapes = _shapes(random.Random(1), 80)
+    rng = random.Random(2)
+    seconds = [(0.01 + 1e-12 * work.groups(s)["weights"].flops) * rng.uniform(0.9, 1.1) for s in shapes]
+    model, result = fit(work, shapes, seconds, 1e11, 1e10)
+    assert model.coefficients["c_experts"] == model.coefficients["c_recurrence"] == 0.0
+    assert model.coefficients["t_dispatch_expert"] == 0.0
+    assert all(v >= 0 for v in model.coefficients.values())
+    assert 0 < result.median_rel_error <= result.p90_rel_error < 0.2
+
+
+def test_bad_inputs_are_refused_naming_what_is_wrong():
+    work = StepWork(_cfg("tiny-flash"))
+    with pytest.raises(ValueError, match="at least one sequence"):
+        StepShape()
+    with pytest.raises(ValueError, match="new tokens >= 1"):
+        StepShape(prefill=((0, 5),))
+    with pytest.raises(ValueError, match="weight dtype"):
+        StepWork(_cfg("tiny-flash"), weight_dtype="fp4")
+    with pytest.raises(ValueError, match="missing c_head"):
+        StepCostModel(work, 1e11, 1e10, {t: 1.0 for t in TERMS if t != "c_head"})
+    with pytest.raises(ValueError, match="t_seq"):
+        StepCostModel(work, 1e11, 1e10, {**{t: 1.0 for t in TERMS}, "t_seq": -1.0})
+    with pytest.raises(ValueError, match="at least"):
+        fit(work, [StepShape(decode=(1,))], [0.1], 1e11, 1e10)
+    with pytest.raises(ValueError, match="positive"):
+        fit(work, [StepShape(decode=(1,))] * 20, [0.0] * 20, 1e11, 1e10)
+    with pytest.raises(ValueError, match="seq_new_tokens"):
+        StepShape.from_record({"step": 3, "num_tokens": 1})
+    with pytest.raises(ValueError, match="equally long"):
+        StepShape.from_record({"step": 3, "seq_new_tokens": [1, 2], "seq_cached_tokens": [0]})
+
+
+def test_a_step_record_gives_its_shape():
+    s = StepShape.from_record({"seq_new_tokens": [1, 300, 1, 2], "seq_cached_tokens": [40, 0, 7, 512]})
+    assert s.prefill == ((300, 0), (2, 512)) and s.decode == (40, 7)
+    assert s.num_seqs == 4 and s.num_tokens == 304
+    assert set(GROUPS) == set(StepWork(_cfg("tiny-standard")).groups(s))
+
+
+def test_engine_step_records_carry_the_step_composition():
+    from engine_models import tiny_llama
+    from flashlane.engine.llm import LLM
+    from flashlane.engine.sampling_params import SamplingParams
+
+    llm = LLM(tiny_llama(), max_num_batched_tokens=64, num_threads=1)
+    prompt = list(range(3, 3 + 100))
+    llm.generate([prompt, prompt[:40]], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    llm.generate([prompt], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))   # a prefix hit
+    recs = [r.to_json() for r in llm.engine.step_stats]
+    assert recs and all(len(r["seq_new_tokens"]) == len(r["seq_cached_tokens"]) == r["num_seqs"] for r in recs)
+    for r in recs:
+        shape = StepShape.from_record(r)
+        assert shape.num_tokens == r["num_tokens"]
+        assert sum(n for n, _ in shape.prefill) == r["prefill_tokens"] and len(shape.decode) == r["decode_seqs"]
+    first = recs[0]
+    assert first["seq_new_tokens"][0] == 64 and first["seq_cached_tokens"] == [0] * first["num_seqs"]
+    # the 100-token prompt's second chunk starts after the 64 computed by the first
+    assert any(n == 36 and c == 64 for r in recs for n, c in zip(r["seq_new_tokens"], r["seq_cached_tokens"]))
+    # the repeated prompt's prefill starts from its cached prefix, not from 0
+    last_prefill = [r for r in recs if r["prefill_tokens"]][-1]
+    assert last_prefill["seq_cached_tokens"][0] > 0
+
+
+# ---- the calibration file and `flashlane calibrate` ------------------------------------------------
+def test_calibrate_fits_the_engine_and_writes_a_calibration_that_checks_machine_and_mode(tmp_path, capsys):
+    import json
+
+    from flashlane.analyze.calibration import load_calibration
+    from flashlane.cli.main import main
+    from flashlane.machine import machine_info
+
+    out = tmp_path / "cal.json"
+    rc = main(["calibrate", "tiny-flash", "--chunks", "64", "--batches", "1,3", "--contexts", "40,100",
+               "--decode-tokens", "3", "--dtype", "float32", "--num-threads", "1", "--out", str(out)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "calibrated tiny-flash" in printed and "held out (2-fold)" in printed and "median |err|" in printed
+    raw = json.loads(out.read_text())
+    assert raw["schema"] == 1 and raw["mode"]["dtype"] == "float32" and raw["mode"]["compile"] is False
+    assert raw["grid"]["steps"] >= len(TERMS) and raw["machine"]["cpu_model"]
+    assert set(raw["fit"]["by_kind"]) >= {"all", "prefill", "decode"}
+    here = machine_info()
+    mode = dict(raw["mode"])
+    cal, warnings = load_calibration(out, machine=here, mode=mode)
+    assert warnings == [] and cal.model == "tiny-flash"
+    # the fitted model prices a step of the config it was fitted on
+    from flashlane.analyze.models import resolve_model
+    assert cal.cost_model(resolve_model("tiny-flash").cfg).seconds(StepShape(decode=(50,))) > 0
+
+    with pytest.raises(ValueError, match="engine mode compile"):
+        load_calibration(out, machine=here, mode={**mode, "compile": True})
+    with pytest.raises(ValueError, match="machine cpu_model"):
+        load_calibration(out, machine={**here, "cpu_model": "Some Other CPU"}, mode=mode)
+    _, warned = load_calibration(out, machine={**here, "cpu_capability": "AVX2"}, mode=mode, strict=False)
+    assert warned and "cpu_capability" in warned[0]
+
+
+def test_a_calibration_from_a_newer_schema_or_missing_fields_is_refused(tmp_path):
+    import json
+
+    from flashlane.analyze.calibration import load_calibration
+
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps({"schema": 2, "model": "x"}))
+    with pytest.raises(ValueError, match="schema 2 is newer"):
+        load_calibration(p)
+    p.write_text(json.dumps({"schema": 1, "model": "x"}))
+    with pytest.raises(ValueError, match="missing field"):
+        load_calibration(p)
+    p.write_text("not json")
+    with pytest.raises(ValueError, match="cannot read"):
+        load_calibration(p)
