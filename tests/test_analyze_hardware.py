@@ -124,3 +124,43 @@ def test_a_stored_profile_keeps_no_price():
     legacy = {k: v for k, v in FIXED_LOCAL.to_dict().items() if k != "usd_per_hour"}
     assert Hardware.from_dict(legacy).usd_per_hour is None
     assert Hardware.from_dict({**legacy, "usd_per_hour": "3"}).usd_per_hour == 3.0
+
+
+# ---- the shipped profile files ----------------------------------------------------------------
+def test_every_shipped_profile_sources_its_numbers_and_has_gpu_costs():
+    from flashlane.analyze.hardware import PROFILE_DIR
+
+    assert {"h100", "h200", "b200"} <= set(HARDWARE)
+    assert sorted(p.stem for p in PROFILE_DIR.glob("*.json")) == sorted(HARDWARE)
+    for name, hw in HARDWARE.items():
+        assert hw.interconnect_bw > 0 and 0 < hw.graph_replay_s < hw.kernel_launch_s < 1e-4, name
+        assert set(hw.efficiency) == {"mfu", "mbu"} and all(0 < v <= 1 for v in hw.efficiency.values()), name
+        for key in ("peak_flops", "mem_bw", "mem_bytes", "interconnect_bw", "kernel_launch_s", "graph_replay_s",
+                    "efficiency"):
+            assert len(hw.sources[key]) > 20, (name, key)
+    assert HARDWARE["h200"].peak("bf16") == HARDWARE["h100"].peak("bf16")   # same compute, more HBM
+    assert HARDWARE["h200"].mem_bw > HARDWARE["h100"].mem_bw
+
+
+def test_a_profile_file_with_an_unknown_or_unsourced_field_is_refused(tmp_path):
+    import json
+
+    from flashlane.analyze.hardware import PROFILE_DIR, load_profile
+
+    good = json.loads((PROFILE_DIR / "h200.json").read_text())
+    p = tmp_path / "x.json"
+    p.write_text(json.dumps({**good, "nvlink": 1.0}))
+    with pytest.raises(ValueError, match="unknown field.*nvlink"):
+        load_profile(p)
+    p.write_text(json.dumps({**good, "sources": {k: v for k, v in good["sources"].items() if k != "mem_bw"}}))
+    with pytest.raises(ValueError, match="no source given for mem_bw"):
+        load_profile(p)
+    p.write_text(json.dumps({**good, "efficiency": {"mfu": 0.5, "speedup": 2}}))
+    with pytest.raises(ValueError, match="unknown factor.*speedup"):
+        load_profile(p)
+    p.write_text(json.dumps({k: v for k, v in good.items() if k != "mem_bw"}))
+    with pytest.raises(ValueError, match="mem_bw"):
+        load_profile(p)
+    # a stored profile (compare's hardware_local.json) round-trips with the new fields
+    hw = load_profile(PROFILE_DIR / "b200.json")
+    assert type(hw).from_dict(hw.to_dict()) == hw

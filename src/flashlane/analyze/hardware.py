@@ -1,18 +1,23 @@
-"""Named accelerators for the roofline, plus this machine from a quick measurement.
+"""Named accelerators for the roofline and the step-cost model, plus this machine from a quick
+measurement.
 
-Peak numbers are vendor dense (no structured sparsity) tensor-core rates per GPU; prices are
-illustrative on-demand cloud $/GPU-hour (override with --usd-per-gpu-hour); a profile without a
-price (``usd_per_hour`` None, e.g. the measured ``local``) has no $ per task. Every number here
-is printed by the report as an assumption.
+The named profiles are data files (``hardware_profiles/*.json``), one per accelerator, each number
+with its source: vendor dense (no structured sparsity) tensor-core peaks per GPU, HBM bandwidth
+and size, the interconnect's bandwidth each way per GPU, the host cost of an eager kernel launch
+and of a CUDA-graph node replay (estimates until fitted on a GPU), the stated efficiency factors,
+and an illustrative on-demand cloud $/GPU-hour (override with --usd-per-gpu-hour). A profile
+without a price (``usd_per_hour`` None, e.g. the measured ``local``) has no $ per task. Every
+number here is printed by the report as an assumption.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
 
-T = 1e12
 
 
 @dataclass(frozen=True)
@@ -23,6 +28,11 @@ class Hardware:
     mem_bytes: float            # device memory
     usd_per_hour: float | None   # None: no price, so no $ per task
     note: str
+    interconnect_bw: float | None = None   # bytes/s each way per GPU (NVLink, Infinity Fabric); None: one device
+    kernel_launch_s: float | None = None   # host time of one eager kernel launch
+    graph_replay_s: float | None = None    # per kernel node replayed from a captured graph
+    efficiency: dict = field(default_factory=dict)   # stated "mfu" / "mbu" for this part
+    sources: dict = field(default_factory=dict)      # field -> where its number comes from
 
     def peak(self, dtype: str) -> float:
         return self.peak_flops.get(dtype, self.peak_flops["bf16"])
@@ -35,26 +45,49 @@ class Hardware:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Hardware":
-        """A profile stored with a run (e.g. compare's hardware_local.json)."""
+        """A profile stored with a run (e.g. compare's hardware_local.json) or shipped as a file."""
         try:
             price = d.get("usd_per_hour")
+            opt = {k: None if d.get(k) is None else float(d[k])
+                   for k in ("interconnect_bw", "kernel_launch_s", "graph_replay_s")}
             return cls(str(d["name"]), {k: float(v) for k, v in d["peak_flops"].items()},
                        float(d["mem_bw"]), float(d["mem_bytes"]), None if price is None else float(price),
-                       str(d.get("note", "")))
+                       str(d.get("note", "")), **opt,
+                       efficiency={k: float(v) for k, v in (d.get("efficiency") or {}).items()},
+                       sources=dict(d.get("sources") or {}))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"hardware profile: missing or bad field ({exc})") from exc
 
 
-HARDWARE = {
-    "h100": Hardware("H100 SXM", {"bf16": 989 * T, "fp8": 1979 * T, "int8": 1979 * T}, 3.35e12, 80e9, 2.50,
-                     "NVIDIA H100 SXM5 80GB HBM3, dense tensor-core peaks"),
-    "h200": Hardware("H200 SXM", {"bf16": 989 * T, "fp8": 1979 * T, "int8": 1979 * T}, 4.8e12, 141e9, 3.50,
-                     "NVIDIA H200 SXM 141GB HBM3e, same compute as H100"),
-    "b200": Hardware("B200", {"bf16": 2250 * T, "fp8": 4500 * T, "int8": 4500 * T}, 8.0e12, 180e9, 5.50,
-                     "NVIDIA HGX B200 180GB HBM3e, dense tensor-core peaks"),
-    "mi355x": Hardware("MI355X", {"bf16": 2500 * T, "fp8": 5000 * T, "int8": 5000 * T}, 8.0e12, 288e9, 4.00,
-                       "AMD Instinct MI355X 288GB HBM3e, dense matrix-core peaks"),
-}
+PROFILE_DIR = Path(__file__).with_name("hardware_profiles")
+_FIELDS = {f.name for f in fields(Hardware)}
+# numbers a shipped profile must source
+_SOURCED = ("peak_flops", "mem_bw", "mem_bytes", "interconnect_bw", "kernel_launch_s", "graph_replay_s",
+            "efficiency")
+
+
+def load_profile(path: str | Path) -> Hardware:
+    """One profile file: unknown keys and unsourced numbers are errors naming them."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"hardware profile {path}: cannot read it ({exc})") from None
+    unknown = sorted(set(raw) - _FIELDS)
+    if unknown:
+        raise ValueError(f"hardware profile {path}: unknown field(s) {', '.join(unknown)}")
+    unsourced = [k for k in _SOURCED if raw.get(k) is not None and k not in (raw.get("sources") or {})]
+    if unsourced:
+        raise ValueError(f"hardware profile {path}: no source given for {', '.join(unsourced)}")
+    bad_eff = sorted(set(raw.get("efficiency") or {}) - {"mfu", "mbu"})
+    if bad_eff:
+        raise ValueError(f"hardware profile {path}: efficiency has unknown factor(s) {', '.join(bad_eff)}")
+    try:
+        return Hardware.from_dict(raw)
+    except ValueError as exc:
+        raise ValueError(f"hardware profile {path}: {exc}") from None
+
+
+HARDWARE = {p.stem: load_profile(p) for p in sorted(PROFILE_DIR.glob("*.json"))}
 LOCAL_NAMES = ("local", "this", "cpu")
 
 
