@@ -80,6 +80,11 @@ class CacheSpec:
     def kda_row(self, layer: int) -> int:
         return self.kda_layers.index(layer)
 
+    def index_row(self, layer: int) -> int:
+        """The index-pool row DSA layer ``layer`` reads (a shared-indexer layer: its full one's).
+        A method, not a subscript at the call site: a compiled layer then does not guard on the id."""
+        return self.index_row_of[layer]
+
     # ---- the pools ---------------------------------------------------------------------------
     def pools(self) -> tuple[PoolSpec, ...]:
         """Every pool tensor the cache holds; empty pools (no rows) are left out."""

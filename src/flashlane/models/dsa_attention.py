@@ -2,8 +2,8 @@
 
 Works on flattened mixed batches. Per call it writes the new tokens' latent row
 ``[ckv | k_rope]`` (and, on full-indexer layers, their index keys), selects the positions every
-query attends (or reuses ``shared_selection`` from the previous full layer) and runs absorbed
-sparse MLA over them. Spec §1.6-1.8 and §2.
+query attends (or reuses ``shared_selection`` from the previous full layer) and runs sparse MLA
+over them (the backend picks the absorbed or the expanded form per step). Spec §1.6-1.8 and §2.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class Indexer(KeepFp32):
     def forward(self, x: torch.Tensor, cq: torch.Tensor, batch: ForwardBatch, cos_sin=None) -> torch.Tensor:
         n = x.shape[0]
         cache, ops = batch.cache, batch.ops
-        row = cache.spec.index_row_of[self.layer_id]
+        row = cache.spec.index_row(self.layer_id)
         keys, key_scale = cache.layer("index_keys", row), cache.layer("index_keys_scale", row)
         q = _rope_front(ops, self.wq_b(cq).view(n, self.n_heads, self.head_dim), self.rope_dim, cos_sin)
         k = _rope_front(ops, self.k_norm(self.wk(x)), self.rope_dim, cos_sin)
@@ -121,11 +121,9 @@ class DSAAttention(nn.Module):
             selection = shared_selection
 
         w_kv = self.kv_b_proj.weight.view(self.num_heads, self.nope + self.v_dim, self.kv_lora_rank)
-        q_latent = torch.einsum("nhd,hdc->nhc", q_nope, w_kv[:, : self.nope])
-        o_latent = ops.sparse_mla(q_latent, q_rope if self.rope_dim else None, latent, latent_scale, selection,
-                                  batch, scale=self.scale)
-        o = torch.einsum("nhc,hvc->nhv", o_latent, w_kv[:, self.nope:]).reshape(n, self.num_heads * self.v_dim)
-        return self.o_proj(o), selection
+        o = ops.sparse_mla(q_nope, q_rope if self.rope_dim else None, latent, latent_scale, selection, batch,
+                           scale=self.scale, w_kv=w_kv)
+        return self.o_proj(o.reshape(n, self.num_heads * self.v_dim)), selection
 
 
 def check_index_topk(cfg: ModelConfig, topk: int) -> None:

@@ -122,11 +122,13 @@ class KernelBackend(ABC):
         queries q [N, H, D] and head weights w [N, H]."""
 
     @abstractmethod
-    def sparse_mla(self, q_latent: torch.Tensor, q_rope: torch.Tensor | None, latent: torch.Tensor,
+    def sparse_mla(self, q_nope: torch.Tensor, q_rope: torch.Tensor | None, latent: torch.Tensor,
                    latent_scale: torch.Tensor | None, selection: torch.Tensor, meta: VarlenBatch, *,
-                   scale: float) -> torch.Tensor:
-        """Absorbed MLA over the selected positions: q_latent [N, H, C] (+ q_rope [N, H, R]) ->
-        [N, H, C]; a query with nothing selected gets zeros."""
+                   scale: float, w_kv: torch.Tensor) -> torch.Tensor:
+        """MLA over the selected positions of the latent pool: q_nope [N, H, Dn] (+ q_rope
+        [N, H, R]) with the kv up-projection w_kv [H, Dn + Dv, C] -> [N, H, Dv] (before o_proj);
+        a query with nothing selected gets zeros. The backend picks the absorbed (latent-space)
+        or the expanded (head-space) form per step."""
 
     # ---- FFN: SwiGLU, router, experts, int8 linears -----------------------------------------
 

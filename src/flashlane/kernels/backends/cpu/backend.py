@@ -1,5 +1,6 @@
-"""The plain-torch backend: every op is a ``flashlane.kernels`` function, as the models called
-them before the seam (same kernels, same order, so results are bit-identical)."""
+"""The plain-torch backend: every op is a ``flashlane.kernels`` function. The ops the models called
+before the seam run the same kernels in the same order; sparse MLA prefill chunks may run in the
+expanded form where the cost rule prefers it (``kernels.sparse_mla_expanded``)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import torch
 
 from ... import indexer, kda, kv_store, mhc, moe, quant_matmul, rope, short_conv, sparse_mla
 from ...compiled import compiled as compiled_fn
+from ...sparse_mla_expanded import prefer_expanded, sparse_mla_expanded
 from ..base import KernelBackend, VarlenBatch
 from .dense_attention import AttentionPlan, dense_attention
 
 
-def _fresh(meta: VarlenBatch) -> torch.Tensor:
+def fresh_sequences(meta: VarlenBatch) -> torch.Tensor:
     """[B] bool: sequences whose first new token is at position 0 (their slot content is stale)."""
     return meta.ctx_lens_t == meta.cu_q[1:] - meta.cu_q[:-1]
 
@@ -70,11 +72,11 @@ class CpuBackend(KernelBackend):
 
     def short_conv(self, x, weight, conv_state, meta):
         if meta.is_decode:
-            return short_conv.short_conv_decode(x, weight, conv_state, meta.state_slots, _fresh(meta))
-        return short_conv.short_conv(x, weight, conv_state, meta.state_slots, meta.cu_q, _fresh(meta))
+            return short_conv.short_conv_decode(x, weight, conv_state, meta.state_slots, fresh_sequences(meta))
+        return short_conv.short_conv(x, weight, conv_state, meta.state_slots, meta.cu_q, fresh_sequences(meta))
 
     def kda(self, q, k, v, g, beta, rec_state, meta):
-        slots, fresh = meta.state_slots, _fresh(meta)
+        slots, fresh = meta.state_slots, fresh_sequences(meta)
         if meta.is_decode:     # every sequence steps once: one batched recurrent step, no gathers
             return kda.kda_decode(q, k, v, g, beta, rec_state, slots, fresh)
         return _kda_mixed(q, k, v, g, beta, rec_state, slots, fresh, meta)
@@ -122,10 +124,48 @@ class CpuBackend(KernelBackend):
             block_tables=meta.block_tables, page_size=meta.page_size, topk=topk, kpool=kpool,
             always_select_tail=always_select_tail, key_scale=key_scale)
 
-    def sparse_mla(self, q_latent, q_rope, latent, latent_scale, selection, meta, *, scale):
-        return sparse_mla.sparse_mla_attention(
-            q_latent, q_rope, latent, selection, block_tables=meta.block_tables, seq_of_token=meta.seq_of_token,
+    def sparse_mla(self, q_nope, q_rope, latent, latent_scale, selection, meta, *, scale, w_kv):
+        spans = self._expanded_spans(q_nope, q_rope, selection, meta, w_kv)
+        if not spans:
+            return self._sparse_mla_absorbed(q_nope, q_rope, latent, latent_scale, selection, meta.seq_of_token,
+                                             meta, scale, w_kv)
+        out = sparse_mla_expanded(
+            q_nope, q_rope, latent, selection, w_kv, spans=spans, block_tables=meta.block_tables,
             page_size=meta.page_size, scale=scale, latent_scale=latent_scale)
+        inside = torch.zeros(q_nope.shape[0], dtype=torch.bool, device=q_nope.device)
+        for a, e, _ in spans:
+            inside[a:e] = True
+        rest = (~inside).nonzero().flatten()   # decode tokens and the chunks the rule keeps absorbed
+        if rest.numel():
+            out[rest] = self._sparse_mla_absorbed(q_nope[rest], None if q_rope is None else q_rope[rest], latent,
+                                                  latent_scale, selection[rest], meta.seq_of_token[rest], meta,
+                                                  scale, w_kv)
+        return out
+
+    @staticmethod
+    def _sparse_mla_absorbed(q_nope, q_rope, latent, latent_scale, selection, seq_of_token, meta: VarlenBatch,
+                             scale: float, w_kv: torch.Tensor) -> torch.Tensor:
+        """W_k folded into the queries, latent-space attention, W_v on its output."""
+        nope = q_nope.shape[-1]
+        q_latent = torch.einsum("nhd,hdc->nhc", q_nope, w_kv[:, :nope])
+        o_latent = sparse_mla.sparse_mla_attention(
+            q_latent, q_rope, latent, selection, block_tables=meta.block_tables, seq_of_token=seq_of_token,
+            page_size=meta.page_size, scale=scale, latent_scale=latent_scale)
+        return torch.einsum("nhc,hvc->nhv", o_latent, w_kv[:, nope:])
+
+    @staticmethod
+    def _expanded_spans(q_nope, q_rope, selection, meta: VarlenBatch, w_kv) -> list[tuple[int, int, int]]:
+        """(first token, end token, sequence) of the prefill chunks of this step that the cost rule
+        (``kernels.sparse_mla_expanded.prefer_expanded``) runs in the expanded form. The rule looks at
+        each chunk alone, so a chunk's form (and its rounding) never depends on what else is in the
+        batch. Decode tokens and the static (compiled decode) batch always run absorbed."""
+        if meta.static:
+            return []
+        nope, cu = q_nope.shape[-1], meta.cu_q.tolist()
+        dims = dict(heads=q_nope.shape[1], kv_rank=w_kv.shape[2], rope_dim=0 if q_rope is None else q_rope.shape[-1],
+                    nope_dim=nope, v_dim=w_kv.shape[1] - nope, topk=selection.shape[1])
+        return [(cu[b], cu[b] + ql, b) for b, (ql, ctx) in enumerate(zip(meta.q_lens, meta.ctx_lens))
+                if ql > 1 and prefer_expanded([(ql, ctx)], **dims)]
 
     # ---- FFN -------------------------------------------------------------------------------------
 
