@@ -1,7 +1,7 @@
 """Kernel backends by name: registration and the start-up choice (engine arg ``kernel_backend``).
 
 A backend is registered with a factory (device -> instance), a test of whether it can run on a
-device, and a priority; ``select_backend(device)`` ("auto") takes the available backend of the
+device (optionally with the reason it cannot, for the error of an explicit choice), and a priority; ``select_backend(device)`` ("auto") takes the available backend of the
 highest priority, ties going to the earlier registration. One instance per (name, device) is
 kept, so every batch of an engine carries the same object (a compiled graph sees one backend).
 
@@ -18,6 +18,7 @@ import torch
 
 from .base import KernelBackend, VarlenBatch
 from .cpu import CpuBackend
+from .cuda import CudaBackend, cuda_missing
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class _Entry:
     factory: Callable[[torch.device], KernelBackend]
     available: Callable[[torch.device], bool]
     priority: int
+    why_not: Callable[[torch.device], str | None] | None = None
 
 
 _REGISTRY: dict[str, _Entry] = {}
@@ -32,11 +34,13 @@ _INSTANCES: dict[tuple[str, str], KernelBackend] = {}
 
 
 def register_backend(name: str, factory: Callable[[torch.device], KernelBackend],
-                     available: Callable[[torch.device], bool], *, priority: int = 0) -> None:
-    """Make ``name`` selectable; "auto" prefers higher ``priority`` among the available ones."""
+                     available: Callable[[torch.device], bool], *, priority: int = 0,
+                     why_not: Callable[[torch.device], str | None] | None = None) -> None:
+    """Make ``name`` selectable; "auto" prefers higher ``priority`` among the available ones.
+    ``why_not(device)``: what the backend lacks there, said when it is chosen by name but unavailable."""
     if not name or name == "auto":
         raise ValueError(f"a kernel backend cannot be called {name!r}")
-    _REGISTRY[name] = _Entry(factory, available, priority)
+    _REGISTRY[name] = _Entry(factory, available, priority, why_not)
     for key in [k for k in _INSTANCES if k[0] == name]:
         del _INSTANCES[key]
 
@@ -66,7 +70,10 @@ def select_backend(device: torch.device | str = "cpu", name: str | None = None) 
         raise ValueError(f"kernel_backend {name!r} is not a known kernel backend "
                          f"(known: auto, {', '.join(known_backends())})")
     elif name not in usable:
-        raise ValueError(f"kernel_backend {name!r} is not available on device {dev} "
+        why_not = _REGISTRY[name].why_not
+        reason = why_not(dev) if why_not is not None else None
+        raise ValueError(f"kernel_backend {name!r} is not available on device {dev}"
+                         f"{': ' + reason if reason else ''} "
                          f"(available there: auto, {', '.join(usable) or 'none'})")
     key = (name, str(dev))
     backend = _INSTANCES.get(key)
@@ -77,6 +84,9 @@ def select_backend(device: torch.device | str = "cpu", name: str | None = None) 
 
 # the plain-torch kernels run on every torch device: the fallback everywhere
 register_backend("cpu", CpuBackend, lambda device: True)
+# fla-core's KDA kernels where torch sees a GPU and fla imports (the optional extra "cuda")
+register_backend("cuda", CudaBackend, lambda device: device.type == "cuda" and cuda_missing(device) is None,
+                 priority=10, why_not=cuda_missing)
 
-__all__ = ["KernelBackend", "VarlenBatch", "CpuBackend", "register_backend", "select_backend",
+__all__ = ["KernelBackend", "VarlenBatch", "CpuBackend", "CudaBackend", "register_backend", "select_backend",
            "available_backends", "known_backends"]
