@@ -8,6 +8,16 @@ contexts can grow without a recompile. Steps with a prefill chunk, or more seque
 largest bucket, run eagerly. ``warm_up`` compiles every bucket before the first request;
 Inductor's caches live under ``compile_cache_dir()`` so a second start mostly loads them.
 
+Regional compilation (the default): what is compiled is one decoder layer, not the model. One
+compiled function runs every layer of the model; with ``inline_inbuilt_nn_modules`` (torch's
+default) a layer's parameters are graph inputs, so all layers of one kind (mixer, FFN, indexer
+full or shared) share one graph per bucket, and a cold start compiles a few layers' worth
+instead of the whole stack. The embedding, the head and the glue between layers run eagerly.
+Each layer sees its own pool views through ``_LayerCache``, which answers every row lookup with
+0: the layer id is then never used inside the graph, so it is not guarded on (a guarded int
+would mean one graph per layer). ``regional=False`` compiles the whole forward per bucket (the
+earlier mechanism, kept for comparison and for models without a ``layer_call`` hook).
+
 Graph backends: ``torch.compile`` (Inductor) on CPU. On CUDA the same padded batches are what
 CUDA-graph capture needs, and ``cuda_graph_mode`` switches Inductor to its CUDA-graph trees; the
 models are not touched. That path is untested (no GPU was lent to the builds so far).
@@ -15,9 +25,12 @@ models are not touched. That path is untested (no GPU was lent to the builds so 
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import logging
 import os
 import time
+import types
 from dataclasses import dataclass
 
 import torch
@@ -58,13 +71,97 @@ class WarmUp:
     seconds: float
     sizes: tuple[int, ...]
     cache_dir: str
+    mode: str = "regional"     # "regional" (one graph per layer kind) or "whole" (the full forward)
+    graphs: int = 0            # compiled graphs after warm-up
+
+
+class _ZeroRows:
+    def __getitem__(self, layer_id: int) -> int:
+        return 0
+
+
+class _LayerCache:
+    """One layer's pool views in the shape the layer code reads them (``CacheTensors``): its spec
+    maps every layer id to row 0 and ``layer(name, 0)`` is this layer's view of pool ``name``."""
+
+    def __init__(self, cache: CacheTensors, layer_id: int):
+        spec = cache.spec
+        rows: dict[str, int] = {}
+        if layer_id in spec.latent_layers:
+            rows.update(dict.fromkeys(("latent", "latent_scale"), spec.latent_row(layer_id)))
+        if layer_id in spec.index_row_of:
+            rows.update(dict.fromkeys(("index_keys", "index_keys_scale", "index_tail"), spec.index_row_of[layer_id]))
+        if layer_id in spec.kda_layers:
+            rows.update(dict.fromkeys(("conv", "recurrent"), spec.kda_row(layer_id)))
+        self.views = {name: cache.layer(name, row) for name, row in rows.items()}
+        self.page_size = spec.page_size
+        self.index_row_of = _ZeroRows()
+        self.spec = self
+        self.device = cache.device
+
+    def latent_row(self, layer_id: int) -> int:
+        return 0
+
+    def kda_row(self, layer_id: int) -> int:
+        return 0
+
+    def index_row(self, layer_id: int) -> int:
+        return 0
+
+    def layer(self, name: str, row: int) -> torch.Tensor | None:
+        return self.views.get(name)
+
+
+def _call_region(layer: torch.nn.Module, x: torch.Tensor, batch: ForwardBatch, *extra):
+    return layer(x, batch, *extra)
+
+
+def _whole_forward(model: torch.nn.Module, batch: ForwardBatch) -> torch.Tensor:
+    return model(batch)
+
+
+def _mark_dynamic(value, size: int, history: int, depth: int = 0) -> None:
+    """Mark the batch dimension (dim 0 of ``size``, when > 1) and history-length dimensions of
+    the tensors a region is handed (hidden states, selections, an attention plan's gather rows
+    and masks) dynamic, as ``run`` does for the batch's own tensors: one graph serves every
+    bucket >= 2 and every table width."""
+    if isinstance(value, torch.Tensor):
+        if size > 1 and value.dim() and value.shape[0] == size:
+            torch._dynamo.maybe_mark_dynamic(value, 0)
+        # history dims only inside plan objects: a hidden width may equal it by chance
+        for d in range(1, value.dim() if depth > 2 else 0):
+            if value.shape[d] == history:
+                torch._dynamo.maybe_mark_dynamic(value, d)
+    elif depth < 5 and isinstance(value, (list, tuple)):
+        for v in value:
+            _mark_dynamic(v, size, history, depth + 1)
+    elif depth < 5 and hasattr(value, "__dict__") and not isinstance(value, torch.nn.Module):
+        for v in vars(value).values():
+            _mark_dynamic(v, size, history, depth + 1)
+
+
+def _own_copy(fn):
+    """``fn`` with a code object of its own: torch.compile keeps its graphs (and counts them
+    against the recompile limit) per code object, so each CompiledDecode gets its own set."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__)
+
+
+def _layer_kind(layer: torch.nn.Module) -> tuple:
+    """What tells layers apart for compilation: their module tree (mixer, FFN, indexer or not)."""
+    return tuple((name, type(m).__name__) for name, m in layer.named_modules())
+
+
+def supports_regional(model: torch.nn.Module) -> bool:
+    """Whether the model's forward takes a ``layer_call`` (see ``models.layers.call_layer``)."""
+    return "layer_call" in inspect.signature(model.forward).parameters
 
 
 class CompiledDecode:
     """``run(batch) -> hidden`` through the compiled graph of the batch's bucket."""
 
     def __init__(self, model: torch.nn.Module, cache: CacheTensors, sizes, index_topk: int | None,
-                 min_width: int = 1, mode: str | None = None, ops: KernelBackend | None = None):
+                 min_width: int = 1, mode: str | None = None, ops: KernelBackend | None = None,
+                 regional: bool = True, backend: str = "inductor"):
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = compile_cache_dir()
         self.model = model
         self.cache = cache
@@ -73,16 +170,47 @@ class CompiledDecode:
         self.ops = ops              # one backend object for every batch: graphs are traced against it
         # two pages at least: the width is a dynamic dim, and torch specialises sizes 0 and 1
         self.min_width = max(2, min_width)
+        self.regional = regional and supports_regional(model)
         # One compiled function; its graphs are cached per guard set: batch size 1 gets its own
         # graph (torch specialises size 1), sizes >= 2 share one with a symbolic batch size
-        # unless a branch in the model specialises it (then one per bucket).
-        self._graph = torch.compile(self._forward, dynamic=False, fullgraph=True, mode=mode)
+        # unless a branch in the model specialises it (then one per bucket); regionally, that
+        # per layer kind.
+        self._mode, self._backend = mode, backend   # backend: "eager" only in tests (guards without Inductor)
+        # regional: one compiled function per layer kind (see _layer_kind); whole: one in all
+        self._graphs: dict[tuple, tuple] = {}
+        self._layers: dict[int, tuple[_LayerCache, tuple]] = {}   # id(layer) -> (its views, its compiled fn)
+        if not self.regional:
+            self._whole = self._compiled(())
         self.calls = {b: 0 for b in self.sizes}
         self._warmed = False
 
-    @staticmethod
-    def _forward(model: torch.nn.Module, batch: ForwardBatch) -> torch.Tensor:
-        return model(batch)
+    @property
+    def mode_name(self) -> str:
+        return "regional" if self.regional else "whole"
+
+    @property
+    def num_kinds(self) -> int:
+        """Compiled functions: the layer kinds met so far (1 for the whole forward)."""
+        return len(self._graphs)
+
+    def graphs_per_kind(self) -> dict[tuple, int]:
+        """Graphs compiled so far per compiled function (one per guard set)."""
+        entries = torch._dynamo.eval_frame._debug_get_cache_entry_list
+        return {kind: len(entries(fn.__code__)) for kind, (fn, _) in self._graphs.items()}
+
+    @property
+    def num_graphs(self) -> int:
+        return sum(self.graphs_per_kind().values())
+
+    def _compiled(self, kind: tuple) -> tuple:
+        """(plain function, its compiled form) for ``kind``, each kind with a code object of its
+        own: torch.compile keeps graphs per code object, and a guard set that differs between
+        layer kinds in which submodules exist cannot be told apart by the cheap guard check."""
+        if kind not in self._graphs:
+            fn = _own_copy(_call_region if self.regional else _whole_forward)
+            self._graphs[kind] = (fn, torch.compile(fn, dynamic=False, fullgraph=True, mode=self._mode,
+                                                        backend=self._backend))
+        return self._graphs[kind]
 
     @property
     def max_size(self) -> int:
@@ -114,17 +242,36 @@ class CompiledDecode:
                       batch.slot_mapping, batch.state_slots, batch.seq_of_token):
                 torch._dynamo.maybe_mark_dynamic(t, 0)
         self.calls[size] += 1
+        if self.regional:
+            return self.model(batch, layer_call=self._layer_call)
+        return self._guarded(self._whole[1], self.model, batch)
+
+    def _guarded(self, graph, *args):
         with _no_duck_shapes:
             if self._warmed:
                 try:
                     with _fast_guards():
-                        return self._graph(self.model, batch)
+                        return graph(*args)
                 except RuntimeError as e:   # a shape no warm-up covered: compile it, guarded
                     if "Recompilation triggered" not in str(e):
                         raise
-                    log.warning("compiled decode: recompiling for a new shape (batch %d, %d pages)", size,
-                                batch.block_tables.shape[1])
-            return self._graph(self.model, batch)
+                    batch = next(a for a in args if isinstance(a, ForwardBatch))
+                    log.warning("compiled decode: recompiling for a new shape (batch %d, %d pages)",
+                                batch.state_slots.shape[0], batch.block_tables.shape[1])
+            with torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT):
+                return graph(*args)
+
+    def _layer_call(self, layer: torch.nn.Module, x: torch.Tensor, batch: ForwardBatch, *extra):
+        """Run one decoder layer through the compiled region, on a batch whose cache is the
+        layer's own views (see ``_LayerCache``)."""
+        known = self._layers.get(id(layer))
+        if known is None:
+            known = self._layers[id(layer)] = (_LayerCache(self.cache, layer.self_attn.layer_id),
+                                               self._compiled(_layer_kind(layer)))
+        local, (_, graph) = known
+        history = batch.block_tables.shape[1] * batch.page_size
+        _mark_dynamic((x, extra), batch.state_slots.shape[0], history)
+        return self._guarded(graph, layer, x, dataclasses.replace(batch, cache=local), *extra)
 
     @torch.inference_mode()
     def warm_up(self) -> WarmUp:
@@ -139,7 +286,11 @@ class CompiledDecode:
         self.calls = {b: 0 for b in self.sizes}
         self._warmed = True
         took = time.monotonic() - start
-        return WarmUp(took, self.sizes, os.environ["TORCHINDUCTOR_CACHE_DIR"])
+        return WarmUp(took, self.sizes, os.environ["TORCHINDUCTOR_CACHE_DIR"], self.mode_name, self.num_graphs)
+
+
+# graphs one compiled function may hold: layer kinds x buckets x width specialisations, with room
+_RECOMPILE_LIMIT = 64
 
 
 # equal batch size and table width must not become one symbol

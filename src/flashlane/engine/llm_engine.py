@@ -71,8 +71,9 @@ class LLMEngine:
         if compiled is not None:
             w = compiled.warm_up()
             self.info = dataclasses.replace(self.info, compiled_decode={
-                "sizes": list(w.sizes), "warmup_s": round(w.seconds, 2), "cache_dir": w.cache_dir})
-            log.info(self.info.describe_compile())
+                "sizes": list(w.sizes), "warmup_s": round(w.seconds, 2), "cache_dir": w.cache_dir,
+                "mode": w.mode, "graphs": w.graphs})
+            log.info("%s; %s compilation: %d graphs", self.info.describe_compile(), w.mode, w.graphs)
         if args.compile:
             self._warm_up()
 

@@ -20,7 +20,7 @@ from ..trace_ranges import profiling_range
 from .dsa_attention import DSAAttention
 from .forward_batch import ForwardBatch
 from .kda_attention import KDAAttention
-from .layers import MoE, RMSNorm, dense_or_moe
+from .layers import MoE, RMSNorm, call_layer, dense_or_moe
 
 
 class HyperConnection(nn.Module):
@@ -54,6 +54,9 @@ class Glm5NextDecoderLayer(nn.Module):
         else:
             raise ValueError(f"layer {layer_id}: glm5_next mixer_types entry {self.mixer!r} is neither 'kda' nor 'dsa'")
         self.mlp = dense_or_moe(cfg, layer_id)
+        # only a shared-indexer DSA layer reads the previous selection; the others are handed
+        # None, so a compiled layer of one kind sees one input signature
+        self.takes_selection = self.mixer == "dsa" and self.self_attn.indexer is None
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.attn_hc = HyperConnection(cfg)
@@ -117,13 +120,13 @@ class Glm5NextTextModel(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, layer_call=call_layer) -> torch.Tensor:
         with profiling_range("embedding"):
             e = self.embed_tokens(batch.input_ids)
         streams = e.unsqueeze(1).expand(-1, self.hc_mult, -1).contiguous()
         selection = None
         for layer in self.layers[: self.num_trunk_layers]:
-            streams, selection = layer(streams, batch, selection)
+            streams, selection = layer_call(layer, streams, batch, selection if layer.takes_selection else None)
         with profiling_range("mhc"):
             h = streams.mean(1)
         with profiling_range("norm"):
@@ -167,9 +170,10 @@ class Glm5NextForCausalLM(nn.Module):
         prefixes = (f"model.language_model.layers.{cfg.num_layers}.", f"model.layers.{cfg.num_layers}.")
         return cfg.num_mtp_layers > 0 and any(n.startswith(prefixes) for n in names)
 
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, layer_call=call_layer) -> torch.Tensor:
+        """``layer_call``: how each decoder layer is run (see ``layers.call_layer``)."""
         with profiling_range("model_forward"):
-            return self.model.language_model(batch)
+            return self.model.language_model(batch, layer_call)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         with profiling_range("lm_head"):

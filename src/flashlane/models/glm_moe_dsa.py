@@ -14,7 +14,7 @@ from ..config import ModelConfig
 from ..trace_ranges import profiling_range
 from .dsa_attention import DSAAttention
 from .forward_batch import ForwardBatch
-from .layers import MoE, RMSNorm, dense_or_moe
+from .layers import MoE, RMSNorm, call_layer, dense_or_moe
 
 
 class DecoderLayer(nn.Module):
@@ -25,6 +25,9 @@ class DecoderLayer(nn.Module):
         self.self_attn = DSAAttention(cfg, layer_id, indexer_type=indexer_type)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = ffn if ffn is not None else dense_or_moe(cfg, layer_id)
+        # a full-indexer layer makes its own selection: it is handed None (one input signature
+        # per layer kind for a compiled layer)
+        self.takes_selection = self.self_attn.indexer is None
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch, selection: torch.Tensor | None):
         with profiling_range("norm"):
@@ -62,12 +65,12 @@ class GlmMoeDsaModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.num_trunk_layers = cfg.num_layers
 
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, layer_call=call_layer) -> torch.Tensor:
         with profiling_range("embedding"):
             h = self.embed_tokens(batch.input_ids)
         selection = None
         for layer in self.layers[: self.num_trunk_layers]:
-            h, selection = layer(h, batch, selection)
+            h, selection = layer_call(layer, h, batch, selection if layer.takes_selection else None)
         with profiling_range("norm"):
             return self.norm(h)
 
@@ -100,9 +103,10 @@ class GlmMoeDsaForCausalLM(nn.Module):
         prefix = f"model.layers.{cfg.num_layers}."
         return cfg.num_mtp_layers > 0 and any(n.startswith(prefix) for n in names)
 
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, layer_call=call_layer) -> torch.Tensor:
+        """``layer_call``: how each decoder layer is run (see ``layers.call_layer``)."""
         with profiling_range("model_forward"):
-            return self.model(batch)
+            return self.model(batch, layer_call)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         with profiling_range("lm_head"):

@@ -139,6 +139,13 @@ class MoE(nn.Module):
         return out
 
 
+def call_layer(layer: nn.Module, x: torch.Tensor, batch, *extra):
+    """How a model calls its decoder layers: ``layer(x, batch, *extra)``. A model's
+    ``forward(batch, layer_call=...)`` takes another caller of this signature instead (the
+    static-graph decode passes one that runs each layer through a compiled region)."""
+    return layer(x, batch, *extra)
+
+
 def dense_or_moe(cfg: ModelConfig, layer: int) -> nn.Module:
     """The FFN of ``layer`` as the config's ``ffn_types`` says."""
     if cfg.ffn_types[layer] == "moe":
@@ -146,4 +153,5 @@ def dense_or_moe(cfg: ModelConfig, layer: int) -> nn.Module:
     return MLP(cfg.hidden_size, cfg.intermediate_size, cfg.swiglu_limit)
 
 
-__all__ = ["RMSNorm", "MLP", "MoE", "Router", "Experts", "KeepFp32", "Fp32Linear", "dense_or_moe"]
+__all__ = ["RMSNorm", "MLP", "MoE", "Router", "Experts", "KeepFp32", "Fp32Linear", "dense_or_moe",
+           "call_layer"]

@@ -18,7 +18,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..trace_ranges import profiling_range
 from .forward_batch import ForwardBatch
-from .layers import MLP, RMSNorm
+from .layers import MLP, RMSNorm, call_layer
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -84,7 +84,7 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
-    def forward(self, h, cos, sin, batch, plan):
+    def forward(self, h, batch, cos, sin, plan):
         with profiling_range("norm"):
             x = self.input_layernorm(h)
         with profiling_range("attention"):
@@ -102,7 +102,7 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
 
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, layer_call=call_layer) -> torch.Tensor:
         with profiling_range("embedding"):
             h = self.embed_tokens(batch.input_ids)
         with profiling_range("attention"):   # RoPE tables and gather plan, shared by all layers
@@ -111,7 +111,7 @@ class LlamaModel(nn.Module):
             cos, sin = emb.cos().to(h.dtype), emb.sin().to(h.dtype)
             plan = batch.ops.plan_attention(batch)
         for layer in self.layers:
-            h = layer(h, cos, sin, batch, plan)
+            h = layer_call(layer, h, batch, cos, sin, plan)
         with profiling_range("norm"):
             return self.norm(h)
 
@@ -132,9 +132,10 @@ class LlamaForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, layer_call=call_layer) -> torch.Tensor:
+        """``layer_call``: how each decoder layer is run (see ``layers.call_layer``)."""
         with profiling_range("model_forward"):
-            return self.model(batch)
+            return self.model(batch, layer_call)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         with profiling_range("lm_head"):
