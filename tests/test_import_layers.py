@@ -41,8 +41,11 @@ ALLOWED = {
     # store is plain SQLite and imports nothing else of flashlane
     "tune": {"tune", "bench", "results", "flashlane.config", "flashlane.cache_spec"},
     "results": {"results"},
-    "cli": {"base", "kernels", "runtime", "models", "engine", "server", "bench", "analyze", "evaluate", "tune", "results", "compress", "cli", "root"},
-    "root": {"base", "kernels", "runtime", "models", "engine", "server", "bench", "analyze", "evaluate", "tune", "results", "compress", "cli", "root"},
+    # simulate drives the engine's real scheduler and cache manager (meta tensors) with analyze's
+    # step-cost model in place of the model
+    "simulate": {"base", "kernels", "runtime", "models", "engine", "analyze", "simulate"},
+    "cli": {"base", "kernels", "runtime", "models", "engine", "server", "bench", "analyze", "evaluate", "tune", "results", "compress", "simulate", "cli", "root"},
+    "root": {"base", "kernels", "runtime", "models", "engine", "server", "bench", "analyze", "evaluate", "tune", "results", "compress", "simulate", "cli", "root"},
 }
 
 
