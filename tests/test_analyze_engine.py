@@ -109,7 +109,11 @@ def _module_total(counter, suffixes: tuple[str, ...]) -> int:
 # T = 71 > index_topk (64) and 71 % 4 = 3: the selection is saturated (topk + 3 tail positions)
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["tiny-flash", "tiny-standard", "tiny-llama"])
-def test_flops_match_a_counted_forward(name):
+def test_flops_match_a_counted_forward(name, monkeypatch):
+    # analyze counts MLA in the absorbed form; the cpu backend may run a short first prefill chunk
+    # expanded (its cost rule, tested in test_mla_forms), which multiplies more: pin absorbed here
+    import flashlane.kernels.backends.cpu.backend as cpu_backend
+    monkeypatch.setattr(cpu_backend, "prefer_expanded", lambda *a, **k: False)
     context = 71
     cfg, pre, dec = _counted_step(name, context)
     f = decode_flops(cfg, context)
