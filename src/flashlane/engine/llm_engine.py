@@ -10,7 +10,7 @@ from collections import Counter
 
 import torch
 
-from ..cache_spec import cache_spec, chunk_multiple
+from ..cache_spec import cache_spec
 from ..kernels.backends import select_backend
 from ..models.dsa_attention import check_index_topk
 from ..models.loader import auto_cpu_dtype_choice
@@ -19,6 +19,7 @@ from ..models.quantize import Int8Embedding, quantize, weight_bytes
 from .cache.fingerprint import weights_fingerprint
 from .cache.manager import CacheManager, CachePlan, plan_cache
 from .compiled_decode import CompiledDecode, cuda_graph_mode
+from .scheduler_choice import build_scheduler, max_running_seqs
 from .engine_args import EngineArgs
 from .info import EngineInfo
 from .outputs import RequestDelta
@@ -26,8 +27,6 @@ from .request import Request
 from .request_check import InvalidRequest, check_prompt_ids, check_sampling, resolve_max_tokens
 from .runner import ModelRunner
 from .sampling_params import SamplingParams
-from .scheduler import Scheduler
-from .static_scheduler import StaticScheduler
 from .step_log import StepLog, StepRecord
 from .structured_output import Grammars
 
@@ -53,9 +52,8 @@ class LLMEngine:
         spec = cache_spec(self.config, args.page_size, args.kv_cache_dtype)
         plan = self._build_cache(spec)
         self.max_model_len = min(args.max_model_len or self.config.max_position_embeddings, plan.num_tokens)
-        max_running = min(args.max_num_seqs, plan.num_slots if spec.needs_state_slot else args.max_num_seqs,
-                          plan.num_pages)
-        self._build_scheduler(max_running)
+        max_running = max_running_seqs(args, spec, plan)
+        self.scheduler = build_scheduler(args, self.config, self.cache, max_running)
         compiled = self._compiled_decode(spec, max_running) if args.compile else None
         self.grammars = Grammars(self.tokenizer, self.config.vocab_size, self.config.eos_token_ids)
         self.runner = ModelRunner(self.model, self.cache, args.seed, args.index_topk, compiled, self.grammars,
@@ -115,16 +113,6 @@ class LLMEngine:
         except OSError as e:
             raise ValueError(f"disk_cache_dir {args.disk_cache_dir!r} is not a writable directory: {e}") from e
         return plan
-
-    def _build_scheduler(self, max_running: int) -> None:
-        args = self.args
-        granularity = chunk_multiple(self.config, args.page_size)
-        if args.scheduler == "static":
-            self.scheduler = StaticScheduler(self.cache, max_running, args.max_num_batched_tokens, granularity,
-                                             args.static_batch_size)
-        else:
-            self.scheduler = Scheduler(self.cache, max_running, args.max_num_batched_tokens, granularity,
-                                       args.max_wait_ms)
 
     def _compiled_decode(self, spec, max_running: int) -> CompiledDecode:
         args = self.args

@@ -20,15 +20,15 @@ from dataclasses import dataclass
 import torch
 
 from ..analyze.step_cost import StepShape
-from ..cache_spec import cache_spec, chunk_multiple
+from ..cache_spec import cache_spec
 from ..config import ModelConfig
 from ..engine.cache.manager import CacheManager, plan_cache
 from ..engine.engine_args import EngineArgs
 from ..engine.request import Request
 from ..engine.runner import SeqResult
 from ..engine.sampling_params import SamplingParams
-from ..engine.scheduler import Scheduler, SchedulerOutput
-from ..engine.static_scheduler import StaticScheduler
+from ..engine.scheduler import SchedulerOutput
+from ..engine.scheduler_choice import build_scheduler, max_running_seqs
 
 FILLER_TOKEN = 1
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
@@ -73,16 +73,9 @@ class SimEngine:
                           num_checkpoints=args.num_checkpoints if prefix else 0)
         self.cache = CacheManager(spec, plan, DTYPES[dtype], "meta", prefix, f"simulated|{cfg.arch}|{dtype}")
         self.plan = plan
-        max_running = min(args.max_num_seqs, plan.num_slots if spec.needs_state_slot else args.max_num_seqs,
-                          plan.num_pages)
+        running = max_running_seqs(args, spec, plan)
         self.max_model_len = min(args.max_model_len or cfg.max_position_embeddings, plan.num_tokens)
-        granularity = chunk_multiple(cfg, args.page_size)
-        if args.scheduler == "static":
-            self.scheduler = StaticScheduler(self.cache, max_running, args.max_num_batched_tokens, granularity,
-                                             args.static_batch_size)
-        else:
-            self.scheduler = Scheduler(self.cache, max_running, args.max_num_batched_tokens, granularity,
-                                       args.max_wait_ms)
+        self.scheduler = build_scheduler(args, cfg, self.cache, running)
         self.now = 0.0
         self.wake_at: float | None = None     # when a held admission window opens (after an empty step)
         self.requests: dict[str, Request] = {}
