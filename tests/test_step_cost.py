@@ -124,7 +124,8 @@ def test_bad_inputs_are_refused_naming_what_is_wrong():
 def test_a_step_record_gives_its_shape():
     s = StepShape.from_record({"seq_new_tokens": [1, 300, 1, 2], "seq_cached_tokens": [40, 0, 7, 512]})
     assert s.prefill == ((300, 0), (2, 512)) and s.decode == (40, 7)
-    assert s.num_seqs == 4 and s.num_tokens == 304
+    assert s.num_seqs == 4 and s.num_tokens == 304 and s.kind == "mixed"
+    assert StepShape(decode=(3,)).kind == "decode" and StepShape(prefill=((5, 0),)).kind == "prefill"
     assert set(GROUPS) == set(StepWork(_cfg("tiny-standard")).groups(s))
 
 

@@ -90,7 +90,7 @@ def _ffn_per_token(cfg: ModelConfig, kind: str) -> int:
     return 2 * (3 * h * cfg.moe_intermediate_size * experts + cfg.n_routed_experts * h)
 
 
-def _fixed_per_token(cfg: ModelConfig) -> dict[str, float]:
+def fixed_per_token(cfg: ModelConfig) -> dict[str, float]:
     proj = ffn = mhc = 0
     for i in range(cfg.num_layers):
         mixer = cfg.mixer_types[i]
@@ -195,7 +195,7 @@ def decode_flops(cfg: ModelConfig, context: int, form: str = "absorbed") -> Toke
     attn = n_dsa * attended_positions(cfg, context) * _per_position_mla(cfg, form) if n_dsa else 0
     attn += n_attn * 4 * cfg.num_heads * cfg.head_dim * context
     return TokenFlops(
-        **_fixed_per_token(cfg),
+        **fixed_per_token(cfg),
         indexer_scoring=n_full * scored_keys(cfg, context) * _per_key_indexer(cfg),
         sparse_attention=attn,
         kda_recurrence=n_kda * _kda_per_token(cfg, chunked=False),
@@ -210,7 +210,7 @@ def prefill_flops(cfg: ModelConfig, new_tokens: int, cached: int = 0, form: str 
         raise ValueError(f"prefill needs new_tokens > 0 and cached >= 0, got {new_tokens}, {cached}")
     n_dsa, n_full, n_kda, n_attn = _layer_counts(cfg)
     end = cached + new_tokens
-    fixed = {k: v * new_tokens for k, v in _fixed_per_token(cfg).items()}
+    fixed = {k: v * new_tokens for k, v in fixed_per_token(cfg).items()}
     if not with_head:
         fixed["head"] = 2 * cfg.vocab_size * cfg.hidden_size
     attn = n_dsa * (sum_attended(cfg, end) - sum_attended(cfg, cached)) * _per_position_mla(cfg, form)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from ..config import ModelConfig
 from .cache import cache_bytes, index_entry_bytes, latent_row_bytes
-from .flops import TokenFlops, _fixed_per_token, decode_flops, prefill_flops, sum_attended, sum_scored
+from .flops import TokenFlops, fixed_per_token, decode_flops, prefill_flops, sum_attended, sum_scored
 from .flops import attended_positions, scored_keys
 from .memory import component_bytes
 from .params import count_params, expert_params
@@ -68,6 +68,11 @@ class StepShape:
                              f"must be equally long and not empty, got {len(new)} and {len(cached)}")
         return cls(prefill=tuple((n, c) for n, c in zip(new, cached) if n > 1),
                    decode=tuple(c for n, c in zip(new, cached) if n == 1))
+
+    @property
+    def kind(self) -> str:
+        """"prefill", "decode" or "mixed" (prefill chunks beside decode rows)."""
+        return "mixed" if self.prefill and self.decode else "prefill" if self.prefill else "decode"
 
     @property
     def num_seqs(self) -> int:
@@ -111,7 +116,7 @@ class StepWork:
         self._write_per_token = (self._n_dsa + self._n_attn) * self._latent_row + (
             self._n_full * self._index_entry / max(cfg.index_kpool, 1))
         self._state_rw = 2 * (cache.state_recurrent + cache.state_conv)
-        fixed = _fixed_per_token(cfg)
+        fixed = fixed_per_token(cfg)
         self._routed_flops = self._n_moe * 2 * 3 * cfg.hidden_size * cfg.moe_intermediate_size * (
             cfg.num_experts_per_tok if cfg.n_routed_experts else 0)
         self._weight_flops = fixed["projections"] + fixed["mhc"] + fixed["ffn"] - self._routed_flops
@@ -212,6 +217,21 @@ def _rel_errors(pred: Sequence[float], meas: Sequence[float]) -> list[float]:
 def _quantile(sorted_xs: Sequence[float], q: float) -> float:
     i = min(len(sorted_xs) - 1, max(0, math.ceil(q * len(sorted_xs)) - 1))
     return sorted_xs[i]
+
+
+def error_summary(model: StepCostModel, shapes: Sequence[StepShape], seconds: Sequence[float]) -> dict:
+    """|predicted - measured| / measured over all steps and by step kind: count, median, p90 and
+    the summed measured and predicted seconds (so errors that cancel in a sum stay visible)."""
+    out = {}
+    for kind in ("all", "prefill", "decode", "mixed"):
+        pairs = [(s, t) for s, t in zip(shapes, seconds) if kind in ("all", s.kind)]
+        if pairs:
+            pred = [model.seconds(s) for s, _ in pairs]
+            errs = _rel_errors(pred, [t for _, t in pairs])
+            out[kind] = {"steps": len(pairs), "median_rel_error": _quantile(errs, 0.5),
+                         "p90_rel_error": _quantile(errs, 0.9), "measured_s": sum(t for _, t in pairs),
+                         "predicted_s": sum(pred)}
+    return out
 
 
 def fit(work: StepWork, shapes: Iterable[StepShape], seconds: Iterable[float], peak_flops: float,

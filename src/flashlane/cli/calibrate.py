@@ -90,24 +90,6 @@ def _weight_dtype(info: dict) -> str:
     return "fp32" if info["dtype"] == "float32" else "bf16"
 
 
-def _kind(shape) -> str:
-    return "mixed" if shape.prefill and shape.decode else "prefill" if shape.prefill else "decode"
-
-
-def _summary(model, shapes, seconds) -> dict:
-    from ..analyze.step_cost import _quantile, _rel_errors
-
-    out = {}
-    for kind in ("all", "prefill", "decode", "mixed"):
-        pairs = [(s, t) for s, t in zip(shapes, seconds) if kind == "all" or _kind(s) == kind]
-        if pairs:
-            errs = _rel_errors([model.seconds(s) for s, _ in pairs], [t for _, t in pairs])
-            out[kind] = {"steps": len(pairs), "median_rel_error": _quantile(errs, 0.5),
-                         "p90_rel_error": _quantile(errs, 0.9),
-                         "measured_s": sum(t for _, t in pairs), "predicted_s": sum(model.seconds(s) for s, _ in pairs)}
-    return out
-
-
 def run(args) -> int:
     if args.quick:
         args.chunks, args.batches, args.contexts = QUICK["chunks"], QUICK["batches"], QUICK["contexts"]
@@ -117,7 +99,7 @@ def run(args) -> int:
     apply_thread_default(args)   # before torch loads
     from ..analyze.calibration import Calibration
     from ..analyze.hardware import calibrate_local
-    from ..analyze.step_cost import StepShape, StepWork, fit
+    from ..analyze.step_cost import StepShape, StepWork, error_summary, fit
     from ..machine import machine_info
 
     t0 = time.monotonic()
@@ -136,7 +118,7 @@ def run(args) -> int:
     held_out = []
     for j in (0, 1):
         m, _ = fit(work, *halves[1 - j], peak, bw)
-        held_out.append(_summary(m, *halves[j])["all"])
+        held_out.append(error_summary(m, *halves[j])["all"])
     mode = {"dtype": info["dtype"], "kv_cache_dtype": info["kv_cache_dtype"],
             "quantization": _weight_dtype(info) if info.get("quantization") else None,
             "compile": bool(args.compile), "kernel_backend": (info.get("kernel_backend") or {}).get("name"),
@@ -145,7 +127,7 @@ def run(args) -> int:
         model=args.model, machine=machine_info(), mode=mode, peak_flops=peak, mem_bw=bw,
         weight_dtype=_weight_dtype(info), kv_dtype="int8" if info["kv_cache_dtype"] == "int8" else "bf16",
         coefficients=model.coefficients,
-        fit={**result.to_dict(), "by_kind": _summary(model, shapes, seconds), "cross_validated": held_out},
+        fit={**result.to_dict(), "by_kind": error_summary(model, shapes, seconds), "cross_validated": held_out},
         grid={"chunks": list(args.chunks), "batches": list(args.batches), "contexts": list(args.contexts),
               "decode_tokens": args.decode_tokens, "steps": len(records)},
         seconds=time.monotonic() - t0,
