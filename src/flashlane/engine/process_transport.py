@@ -84,6 +84,8 @@ class ProcessTransport:
         if self._thread is None or self._stopping.is_set() or self._gave_up:
             return "dead"
         with self._lock:   # until the supervisor thread handles the death, say what it will decide
+            if self._proc.alive:   # a restart finished while we waited for the lock
+                return "running"
             return "restarting" if self._restarting or self.policy.may_restart(time.monotonic()) else "dead"
 
     @property
