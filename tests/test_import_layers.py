@@ -42,8 +42,9 @@ ALLOWED = {
     "tune": {"tune", "bench", "results", "flashlane.config", "flashlane.cache_spec"},
     "results": {"results"},
     # simulate drives the engine's real scheduler and cache manager (meta tensors) with analyze's
-    # step-cost model in place of the model
-    "simulate": {"base", "kernels", "runtime", "models", "engine", "analyze", "simulate"},
+    # step-cost model in place of the model, behind an in-memory server that the bench's own
+    # replay talks to (so it writes bench's schema); nothing but cli imports simulate
+    "simulate": {"base", "kernels", "runtime", "models", "engine", "analyze", "bench", "simulate"},
     "cli": {"base", "kernels", "runtime", "models", "engine", "server", "bench", "analyze", "evaluate", "tune", "results", "compress", "simulate", "cli", "root"},
     "root": {"base", "kernels", "runtime", "models", "engine", "server", "bench", "analyze", "evaluate", "tune", "results", "compress", "simulate", "cli", "root"},
 }

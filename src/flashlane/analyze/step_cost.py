@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from ..config import ModelConfig
 from .cache import cache_bytes, index_entry_bytes, latent_row_bytes
-from .flops import TokenFlops, fixed_per_token, decode_flops, prefill_flops, sum_attended, sum_scored
+from .flops import TokenFlops, fixed_per_token, decode_flops, prefill_flops, sum_attended
 from .flops import attended_positions, scored_keys
 from .memory import component_bytes
 from .params import count_params, expert_params
@@ -137,7 +137,7 @@ class StepWork:
             end = cached + new
             rows += self._n_dsa * (sum_attended(cfg, end) - sum_attended(cfg, cached))
             rows += self._n_attn * end    # dense attention reads each key once per chunk (tiled)
-            idx_keys += self._n_full * (sum_scored(cfg, end) - sum_scored(cfg, cached))
+            idx_keys += self._n_full * scored_keys(cfg, end)   # one score matmul per chunk reads each key once
         for cached in shape.decode:
             f = decode_flops(cfg, cached + 1)
             flops += f.indexer_scoring + f.sparse_attention

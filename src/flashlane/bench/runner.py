@@ -6,8 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
+
+import httpx
 
 from . import plots, report_html, report_md
 from .client import Target, fetch_json, make_client
@@ -159,6 +163,26 @@ def server_cache_info(models_doc, metric_samples: dict[str, float]) -> dict:
     return out
 
 
+def live_telemetry(cfg: BenchConfig, base_url: str) -> Telemetry | None:
+    """Sample the server's process and scrape its metrics while the point runs."""
+    if not cfg.telemetry:
+        return None
+    return Telemetry(base_url, cfg.server_pid or find_local_server_pid(base_url), cfg.scrape_interval_s,
+                     cfg.sample_interval_s)
+
+
+@dataclass
+class Harness:
+    """How a load point reaches its target. The default speaks HTTP to a real server, samples it
+    live and runs on a real-time event loop; a simulation (``flashlane simulate``) gives an
+    in-memory transport, its own step records as telemetry and a virtual-time loop, and the
+    workload, records, summary and reports stay the bench's own."""
+    make_client: Callable[[], httpx.AsyncClient] = make_client
+    make_telemetry: Callable[[BenchConfig, str], Telemetry | None] = live_telemetry
+    run: Callable[[Coroutine], Any] = asyncio.run
+    manifest: dict | None = None    # added to manifest.json (a simulation's assumptions)
+
+
 @dataclass
 class PointOutcome:
     records: list = field(default_factory=list)
@@ -176,10 +200,10 @@ class PointOutcome:
 
 
 async def _run_point_async(cfg: BenchConfig, source: WorkloadSource, synth: TextSynth,
-                           point: LoadPoint, control: RunControl, out: PointOutcome) -> None:
+                           point: LoadPoint, control: RunControl, out: PointOutcome, harness: Harness) -> None:
     out.start_utc = utc_now()
     out.t_begin = now()
-    async with make_client() as client:
+    async with harness.make_client() as client:
         base = cfg.base_url.rstrip("/").removesuffix("/v1")
         out.models_doc = await fetch_json(client, base + "/v1/models")
         model = cfg.model
@@ -193,10 +217,8 @@ async def _run_point_async(cfg: BenchConfig, source: WorkloadSource, synth: Text
         target = Target(base, model, cfg.endpoint or source.default_endpoint, cfg.temperature,
                         cfg.request_timeout_s)
         out.target = target
-        tel = None
-        if cfg.telemetry:
-            pid = cfg.server_pid or find_local_server_pid(base)
-            tel = Telemetry(base, pid, cfg.scrape_interval_s, cfg.sample_interval_s)
+        tel = harness.make_telemetry(cfg, base)
+        if tel is not None:
             tel.start()
         out.telemetry = tel
         ctx = ReplayContext(client=client, target=target, synth=synth, mode=cfg.mode,
@@ -281,13 +303,14 @@ def analyse_telemetry(tel: Telemetry | None, records, ws: float, we: float, cfg:
 
 
 def run_point(cfg: BenchConfig, source: WorkloadSource, synth: TextSynth, point: LoadPoint,
-              run_dir: Path) -> dict:
+              run_dir: Path, harness: Harness | None = None) -> dict:
     """Run one load point and write its folder; returns the summary."""
+    harness = harness or Harness()
     control = cfg.control(point)
     out = PointOutcome()
     interrupted = None
     try:
-        asyncio.run(_run_point_async(cfg, source, synth, point, control, out))
+        harness.run(_run_point_async(cfg, source, synth, point, control, out, harness))
     except KeyboardInterrupt as e:
         out.cancelled, interrupted = True, e
     except BenchAbort as e:
@@ -296,13 +319,14 @@ def run_point(cfg: BenchConfig, source: WorkloadSource, synth: TextSynth, point:
         prof = [r.end_time for r in out.records if r.phase == PHASE_PROFILING and r.end_time]
         out.window = (min([r.send_time for r in out.records if r.send_time] or [out.t_begin]),
                       max(prof or [out.t_begin]))
-    summary = write_point(cfg, source, synth, point, control, out, run_dir)
+    summary = write_point(cfg, source, synth, point, control, out, run_dir, harness.manifest)
     if interrupted is not None:
         raise interrupted
     return summary
 
 
-def write_point(cfg, source, synth, point, control, out: PointOutcome, run_dir: Path) -> dict:
+def write_point(cfg, source, synth, point, control, out: PointOutcome, run_dir: Path,
+                extra_manifest: dict | None = None) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     ws, we = out.window
     page_size, page_size_source = resolve_page_size(cfg.page_size, out.models_doc)
@@ -341,6 +365,7 @@ def write_point(cfg, source, synth, point, control, out: PointOutcome, run_dir: 
         "window_start": ws, "window_end": we,
         "kv_offload": None, "spec_decode": None, "start_utc": out.start_utc, "end_utc": utc_now(),
         "cancelled": out.cancelled, "abort_reason": out.abort_reason, "clock": "time.perf_counter (monotonic), seconds",
+        **(extra_manifest or {}),
     }
     (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
     write_jsonl(run_dir / "requests.jsonl", out.records)
@@ -384,9 +409,11 @@ def sweep_points(points: list[tuple[LoadPoint, dict]]) -> list[dict]:
 
 
 def run_bench(cfg: BenchConfig, out_dir: Path | None = None,
-              resolve_tokenizer: TokenizerResolver | None = None) -> list[tuple[LoadPoint, dict, Path]]:
+              resolve_tokenizer: TokenizerResolver | None = None,
+              harness_for: Callable[[LoadPoint], Harness] | None = None) -> list[tuple[LoadPoint, dict, Path]]:
     """Every load point of `cfg`; returns [(point, summary, run folder)]. `resolve_tokenizer`
-    maps a `cfg.tokenizer` that is not a path (e.g. a preset name) to one; see `load_tokenizer`."""
+    maps a `cfg.tokenizer` that is not a path (e.g. a preset name) to one; see `load_tokenizer`.
+    `harness_for` gives each point its harness (a simulation: a fresh simulated server each)."""
     out_dir = Path(out_dir or cfg.output_dir)
     source = build_source(cfg)
     synth = TextSynth(seed=cfg.seed, tokenizer=load_tokenizer(cfg.tokenizer, resolve_tokenizer))
@@ -394,7 +421,8 @@ def run_bench(cfg: BenchConfig, out_dir: Path | None = None,
     results = []
     for p in points:
         run_dir = out_dir if len(points) == 1 else out_dir / p.label
-        results.append((p, run_point(cfg, source, synth, p, run_dir), run_dir))
+        results.append((p, run_point(cfg, source, synth, p, run_dir, harness_for(p) if harness_for else None),
+                        run_dir))
     if len(points) > 1:
         write_sweep(out_dir, results)
     return results

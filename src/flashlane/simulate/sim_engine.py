@@ -9,7 +9,9 @@ full-size model with a multi-GB cache can be simulated on a laptop. A step's dur
 ``cost(StepShape)``; its sampled tokens are a filler id (the simulator has no logits, so requests
 end by their length limit, as ``bench`` replays ask with ``ignore_eos``).
 
-Not modelled yet: host and disk cache tiers (refused), structured output, stop strings.
+Static-graph decode and quantisation change what a step costs, not what is scheduled: they are
+the step-cost model's business (a calibration records the mode it was fitted in). Not modelled:
+host and disk cache tiers (refused), structured output, stop strings.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class SimStep:
     num_running: int
     num_waiting: int
     finished: tuple[str, ...]        # requests this step ended
+    sampled: tuple[str, ...] = ()    # requests that got a token from this step (decodes, last prefill chunks)
 
     @property
     def duration(self) -> float:
@@ -56,11 +59,10 @@ class SimStep:
 class SimEngine:
     def __init__(self, cfg: ModelConfig, cost: Callable[[StepShape], float], dtype: str = "bfloat16",
                  **engine_args):
-        unsupported = [k for k in ("host_cache_memory", "disk_cache_dir", "compile", "quantization")
-                       if engine_args.get(k)]
+        unsupported = [k for k in ("host_cache_memory", "disk_cache_dir") if engine_args.get(k)]
         if unsupported:
-            raise ValueError(f"simulate does not model {', '.join(unsupported)} yet (the step-cost calibration "
-                             "covers the mode; tiers are not simulated)")
+            raise ValueError(f"simulate does not model {', '.join(unsupported)} yet (host and disk cache "
+                             "tiers are not simulated)")
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         args = EngineArgs.from_kwargs(**{"dtype": dtype, **engine_args})
@@ -111,6 +113,7 @@ class SimEngine:
                           decode=tuple(c for n, c in zip(new, cached) if n == 1))
         start = self.now
         self.now += self.cost(shape)
+        sampled = tuple(s.req.request_id for s in sched.seqs if s.samples)   # before the step advances them
         results = [SeqResult(token=FILLER_TOKEN if s.samples else None) for s in sched.seqs]
         self.scheduler.update_from_output(sched, results)
         finished = tuple(s.req.request_id for s in sched.seqs if s.req.finished)
@@ -118,4 +121,5 @@ class SimEngine:
             del self.requests[rid]
         self._steps += 1
         return SimStep(self._steps, start, self.now, tuple(s.req.request_id for s in sched.seqs), new, cached,
-                       len(sched.preempted), len(self.scheduler.running), self.scheduler.num_waiting, finished)
+                       len(sched.preempted), len(self.scheduler.running), self.scheduler.num_waiting, finished,
+                       sampled)

@@ -1,0 +1,80 @@
+"""The server's time outside engine steps: what a request spends between the client and the engine.
+
+A served request crosses the API process twice: on the way in (HTTP, the chat template,
+tokenisation, the hop to the engine process) and on the way out (the hop back, detokenisation,
+the SSE write). The engine also idles a little between busy steps (handling the messages that
+arrived, sending the step's outputs). None of it is in the step records, all of it is in the
+client's latencies, and at low concurrency it is on the critical path of every turn. The terms
+are measured on a real server by ``flashlane calibrate`` (``measure``/``fit`` here); a
+simulation without a calibration of them assumes zero and says so.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class FrontEnd:
+    request_s: float = 0.0            # send -> the request in the engine: fixed part
+    per_prompt_token_s: float = 0.0   # ... and per prompt token (template + tokenisation)
+    token_s: float = 0.0              # a step's end -> its token at the client
+    step_gap_s: float = 0.0           # the engine's pause between two busy steps
+    source: str = "not measured: zero front-end time assumed"
+
+    def __post_init__(self):
+        for name in ("request_s", "per_prompt_token_s", "token_s", "step_gap_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and v >= 0):
+                raise ValueError(f"front_end.{name} must be a number >= 0, got {v!r}")
+
+    def admission_s(self, prompt_tokens: int) -> float:
+        return self.request_s + self.per_prompt_token_s * prompt_tokens
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping | None) -> "FrontEnd":
+        if not d:
+            return cls()
+        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"front_end: unknown field(s) {', '.join(unknown)}")
+        return cls(**dict(d))
+
+    def zero(self) -> "FrontEnd":
+        """The same with no host time at all (a counterfactual)."""
+        return FrontEnd(source="host time set to zero")
+
+
+@dataclass(frozen=True)
+class RequestTiming:
+    """One measured request: its prompt length, the client's send time, the start of the first
+    engine step that computed it, and (token arrival at the client, end of the step that made it)
+    for each streamed token; all on one clock."""
+    prompt_tokens: int
+    send: float
+    first_step_start: float
+    token_delays: tuple[float, ...]      # arrival - step end, per token
+
+
+def fit(requests: Sequence[RequestTiming], step_gaps: Sequence[float], source: str) -> FrontEnd:
+    """Least squares of admission delay = request_s + per_prompt_token_s x prompt tokens (both
+    kept >= 0); the median token delay; the median pause between back-to-back steps."""
+    if len(requests) < 2:
+        raise ValueError(f"front-end fit: need at least 2 measured requests, got {len(requests)}")
+    xs = [float(r.prompt_tokens) for r in requests]
+    ys = [max(0.0, r.first_step_start - r.send) for r in requests]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx) if sxx > 0 else 0.0
+    intercept = my - slope * mx
+    if intercept < 0:      # refit through the origin
+        intercept, slope = 0.0, max(0.0, sum(x * y for x, y in zip(xs, ys)) / max(sum(x * x for x in xs), 1e-12))
+    delays = [d for r in requests for d in r.token_delays if d >= 0]
+    return FrontEnd(request_s=intercept, per_prompt_token_s=slope,
+                    token_s=statistics.median(delays) if delays else 0.0,
+                    step_gap_s=statistics.median(step_gaps) if step_gaps else 0.0, source=source)
