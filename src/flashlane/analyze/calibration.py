@@ -36,6 +36,7 @@ class Calibration:
     seconds: float                  # how long the calibration took
     schema: int = SCHEMA
     notes: list = field(default_factory=list)
+    front_end: dict | None = None   # the server's host time outside steps (simulate.front_end), when measured
 
     def cost_model(self, cfg: ModelConfig) -> StepCostModel:
         return StepCostModel(StepWork(cfg, self.weight_dtype, self.kv_dtype), self.peak_flops, self.mem_bw,

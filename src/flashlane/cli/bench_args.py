@@ -121,3 +121,64 @@ def common_kwargs(args) -> dict:
                 telemetry=not args.no_telemetry, scrape_interval_s=args.scrape_interval,
                 sample_interval_s=args.sample_interval, idle_threshold=args.idle_threshold,
                 min_gap_s=args.min_gap, progress=not args.no_progress)
+
+
+def add_workload(p: argparse.ArgumentParser) -> None:
+    """What is replayed and at which load: `flashlane bench` and `flashlane simulate` alike."""
+    p.add_argument("--workload", choices=("agentic", "multiturn", "fixed"), default="agentic",
+                   help="agentic session replay, multi-turn chat, or fixed-length requests")
+    p.add_argument("--trace", default=None,
+                   help="agentic: AgentX / Mooncake / length-only trace file (default: synthetic sessions)")
+    p.add_argument("--scale", choices=("small", "medium", "long", "large", "full"), default="medium",
+                   help="agentic: size of synthetic sessions")
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--concurrency", type=int_list, default=None,
+                      help="closed loop, e.g. 1,2,4 (default: 1 unless --request-rate is given)")
+    load.add_argument("--request-rate", type=float_list, default=None,
+                      help="open loop arrivals/s (sessions for multi-turn workloads), e.g. 0.5,1")
+    p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape; 1 = Poisson")
+    p.add_argument("--max-concurrency", type=int, default=None,
+                   help="open loop: cap on in-flight requests (default: no cap)")
+    g = p.add_argument_group("fixed workload")
+    g.add_argument("--num-requests", "--num-prompts", dest="num_requests", type=positive_int, default=None,
+                   help="requests per load point (vLLM: --num-prompts; default: 10 x concurrency, or 50)")
+    g.add_argument("--input-len", type=int, default=1024, help="prompt tokens per request")
+    g.add_argument("--output-len", type=int, default=1024, help="output tokens per request")
+    g.add_argument("--range-ratio", type=float, default=0.0,
+                   help="lengths uniform in [L(1-r), L(1+r)] around --input-len / --output-len")
+    g = p.add_argument_group("multiturn workload")
+    g.add_argument("--turns", type=int, default=4, help="user turns per conversation")
+    g.add_argument("--shared-prefix", type=int, default=256, help="tokens shared by every conversation")
+    g.add_argument("--first-user-tokens", type=int, default=64, help="tokens of the first user message")
+    g.add_argument("--user-tokens-per-turn", type=int, default=48, help="tokens of each later user message")
+    g.add_argument("--mt-output-len", type=int_pair, default=(16, 32), help="output tokens: N or LO,HI")
+    g.add_argument("--think-dist", choices=("fixed", "exponential", "uniform"), default="exponential",
+                   help="distribution of the user's think time between turns")
+    g.add_argument("--think-mean", type=float, default=0.5, help="mean think time (s)")
+
+
+def workload_kwargs(args) -> dict:
+    """BenchConfig's workload and load fields from `add_workload`'s flags; ValueError for a count
+    flag that does not fit the workload."""
+    from flashlane.bench.workloads.fixed import FixedSpec
+    from flashlane.bench.workloads.multiturn import MultiTurnSpec
+
+    num_sessions = args.num_sessions
+    if args.workload == "fixed":
+        if args.num_sessions is not None:
+            raise ValueError("--workload fixed counts requests: use --num-requests (or --num-prompts), "
+                             "not --num-sessions")
+        num_sessions = args.num_requests
+    elif args.num_requests is not None:
+        raise ValueError(f"--num-requests counts requests of --workload fixed; --workload {args.workload} "
+                         f"counts sessions with --num-sessions")
+    return dict(workload=args.workload, trace=args.trace, scale=args.scale,
+                concurrency=args.concurrency or (None if args.request_rate else [1]),
+                request_rates=args.request_rate, burstiness=args.burstiness,
+                max_concurrency=args.max_concurrency, num_sessions=num_sessions,
+                fixed=FixedSpec(args.input_len, args.output_len, args.range_ratio),
+                multiturn=MultiTurnSpec(turns=args.turns, shared_prefix_tokens=args.shared_prefix,
+                                        first_user_tokens=args.first_user_tokens,
+                                        user_tokens_per_turn=args.user_tokens_per_turn,
+                                        output_tokens=args.mt_output_len, think=args.think_dist,
+                                        think_mean_s=args.think_mean))

@@ -49,6 +49,10 @@ def add_parser(sub):
     p.add_argument("--contexts", type=_ints, default=DEFAULT_CONTEXTS, help="prompt lengths in tokens")
     p.add_argument("--decode-tokens", type=int, default=12, help="tokens generated per request")
     p.add_argument("--quick", action="store_true", help="a small grid (a smoke run; a poor fit)")
+    p.add_argument("--no-front-end", action="store_true",
+                   help="skip measuring the server's front end (a `flashlane serve` with these engine flags, "
+                        "a dozen chat requests: admission, token delivery and the pause between steps); "
+                        "a simulation then assumes none")
     add_engine_flags(p)
     p.set_defaults(max_num_batched_tokens=None)
     return p
@@ -90,6 +94,21 @@ def _weight_dtype(info: dict) -> str:
     return "fp32" if info["dtype"] == "float32" else "bf16"
 
 
+def _front_end(args, info: dict) -> dict:
+    """The front end of `flashlane serve` with the calibrated engine flags (and the dtype and
+    threads the grid resolved), measured on a server of its own."""
+    from .. import presets
+    from ..bench.text_synth import TextSynth, load_tokenizer
+    from ..simulate.measure_front_end import measure_front_end
+    from .engine_flags import flags_of_engine_kwargs
+
+    kwargs = {**engine_kwargs(args), "dtype": info["dtype"], "num_threads": info.get("num_threads")}
+    synth = TextSynth(args.seed, load_tokenizer(args.model, presets.tokenizer_file)
+                      if presets.tokenizer_file(args.model) else None)
+    return measure_front_end(args.model, flags_of_engine_kwargs(kwargs), synth,
+                             log=lambda m: print(m, file=sys.stderr)).to_dict()
+
+
 def run(args) -> int:
     if args.quick:
         args.chunks, args.batches, args.contexts = QUICK["chunks"], QUICK["batches"], QUICK["contexts"]
@@ -119,6 +138,7 @@ def run(args) -> int:
     for j in (0, 1):
         m, _ = fit(work, *halves[1 - j], peak, bw)
         held_out.append(error_summary(m, *halves[j])["all"])
+    front_end = None if args.no_front_end else _front_end(args, info)
     mode = {"dtype": info["dtype"], "kv_cache_dtype": info["kv_cache_dtype"],
             "quantization": _weight_dtype(info) if info.get("quantization") else None,
             "compile": bool(args.compile), "kernel_backend": (info.get("kernel_backend") or {}).get("name"),
@@ -130,7 +150,7 @@ def run(args) -> int:
         fit={**result.to_dict(), "by_kind": error_summary(model, shapes, seconds), "cross_validated": held_out},
         grid={"chunks": list(args.chunks), "batches": list(args.batches), "contexts": list(args.contexts),
               "decode_tokens": args.decode_tokens, "steps": len(records)},
-        seconds=time.monotonic() - t0,
+        seconds=time.monotonic() - t0, front_end=front_end,
         notes=[f"peak and bandwidth: {hw.note}", "t_step is the engine step's wall time (scheduling, model run, "
                "output processing) from its step records"])
     out = args.out or f"calibration-{str(args.model).replace('/', '_')}.json"
@@ -153,4 +173,9 @@ def _print(cal, out: str) -> None:
           f"{100 * cv[1]['median_rel_error']:.1f}%, p90 {100 * cv[0]['p90_rel_error']:.1f}% / "
           f"{100 * cv[1]['p90_rel_error']:.1f}%")
     print("  coefficients: " + ", ".join(f"{k} {v:.3g}" for k, v in cal.coefficients.items()))
+    fe = cal.front_end
+    print("  front end: " + ("not measured (--no-front-end): a simulation assumes none" if fe is None else
+                             f"admission {1e3 * fe['request_s']:.2f} ms + {1e6 * fe['per_prompt_token_s']:.2f} us/prompt "
+                             f"token, token delivery {1e3 * fe['token_s']:.2f} ms, pause between steps "
+                             f"{1e3 * fe['step_gap_s']:.2f} ms"))
     print(f"written to {out}")

@@ -186,3 +186,43 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         "skip_tokenizer_init", "kernel_backend",
         "enable_prefix_caching", "checkpoint_share", "host_cache_memory", "disk_cache_dir", "disk_cache_bytes",
         "disk_load_timeout_s")}
+
+
+def _flags_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    add_engine_flags(p)
+    return p
+
+
+def engine_kwargs_of_flags(flags: list[str], where: str = "server flags") -> dict:
+    """The engine arguments `flashlane serve` would run with for these flags (a stack's command,
+    --serve-arg); an unknown or bad flag is a ValueError naming ``where``."""
+    p = _flags_parser()
+    try:
+        ns, unknown = p.parse_known_args(list(flags))
+    except (argparse.ArgumentError, SystemExit) as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    unknown = [u for u in unknown if u.startswith("-")]
+    if unknown:
+        raise ValueError(f"{where}: not an engine flag of `flashlane serve`: {' '.join(unknown)}")
+    return engine_kwargs(ns)
+
+
+def flags_of_engine_kwargs(kwargs: dict) -> list[str]:
+    """The `flashlane serve` flags that give these engine arguments (the ones off their default)."""
+    out: list[str] = []
+    for action in _flags_parser()._actions:
+        if action.dest not in kwargs or not action.option_strings:
+            continue
+        value, flag = kwargs[action.dest], action.option_strings[0]
+        if value == action.default or value is None:
+            continue
+        if isinstance(action, argparse.BooleanOptionalAction):
+            out.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(action, argparse._StoreTrueAction):
+            out += [flag] if value else []
+        elif isinstance(value, (tuple, list)):
+            out += [flag, ",".join(map(str, value))]
+        else:
+            out += [flag, str(value)]
+    return out

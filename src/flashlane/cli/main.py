@@ -17,6 +17,7 @@ COMMANDS = {
     "analyze": "flashlane.cli.analyze",
     "profile": "flashlane.cli.profile",
     "calibrate": "flashlane.cli.calibrate",
+    "simulate": "flashlane.cli.simulate",
     "tune": "flashlane.cli.tune",
     "history": "flashlane.cli.history",
     "make-tiny": "flashlane.cli.make_tiny",

@@ -78,37 +78,46 @@ class SimTelemetry(Telemetry):
         return {"gpus": list(self.devices), "server_pid": None}
 
 
-class _SimulatedPoint:
-    """The harness of one load point: a fresh simulated server, its client and its telemetry."""
+class SimulatedServer:
+    """One simulated `flashlane serve`: its engine (and prefix cache) lasts across every load point
+    or round run against it, as a real server's does, and its time only moves forward: each run
+    starts where the last one ended. ``harness()`` is what ``bench.runner.run_point`` takes."""
 
     def __init__(self, setup: SimSetup):
         self.setup = setup
-        self.server: SimServer | None = None
+        self.engine = setup.engine()
+        self.info = setup.server_info(self.engine)
+        self._server: SimServer | None = None
 
-    def client(self) -> httpx.AsyncClient:
-        engine = self.setup.engine()
-        self.server = SimServer(engine, self.setup.prompts, self.setup.front_end, self.setup.model,
-                                self.setup.server_info(engine))
-        self.server.start()
-        return httpx.AsyncClient(transport=self.server, base_url=BASE_URL, timeout=None)
+    def _client(self) -> httpx.AsyncClient:
+        self._server = SimServer(self.engine, self.setup.prompts, self.setup.front_end, self.setup.model, self.info)
+        self._server.start()
+        return httpx.AsyncClient(transport=self._server, base_url=BASE_URL, timeout=None)
 
-    def telemetry(self, cfg: BenchConfig, base_url: str) -> Telemetry:
-        return SimTelemetry(self.server, self.setup.devices)
+    def _telemetry(self, cfg: BenchConfig, base_url: str) -> Telemetry:
+        return SimTelemetry(self._server, self.setup.devices)
 
     def harness(self) -> Harness:
         manifest = {"simulation": {**self.setup.assumptions, "front_end": self.setup.front_end.to_dict(),
                                    "prompt_tokens": self.setup.prompts.source,
                                    "engine_args": _jsonable(self.setup.engine_args)},
                     "clock": "simulated seconds (virtual time)", "server_command": None}
-        return Harness(make_client=self.client, make_telemetry=self.telemetry, run=run_virtual, manifest=manifest)
+        return Harness(make_client=self._client, make_telemetry=self._telemetry,
+                       run=lambda coro: run_virtual(coro, start=self.engine.now), manifest=manifest)
 
 
 def simulate_bench(setup: SimSetup, cfg: BenchConfig, out_dir: Path | None = None,
                    resolve_tokenizer=None) -> list[tuple[LoadPoint, dict, Path]]:
-    """Every load point of ``cfg`` against the simulated server; returns bench's [(point, summary, folder)]."""
+    """Every load point of ``cfg`` against one simulated server, as `flashlane bench` runs them
+    against one real server; returns bench's [(point, summary, folder)]."""
+    check_mode(cfg)
+    server = SimulatedServer(setup)
+    return run_bench(cfg, out_dir, resolve_tokenizer, harness_for=lambda p: server.harness())
+
+
+def check_mode(cfg: BenchConfig) -> None:
     if cfg.mode != "recorded":
         raise ValueError("mode: a simulation replays 'recorded' workloads only (it generates no text to feed back)")
-    return run_bench(cfg, out_dir, resolve_tokenizer, harness_for=lambda p: _SimulatedPoint(setup).harness())
 
 
 def sim_bench_config(**kw) -> BenchConfig:

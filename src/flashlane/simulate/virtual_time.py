@@ -63,17 +63,19 @@ class _VirtualSelector(selectors.BaseSelector):
 
 
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
-    def __init__(self) -> None:
+    def __init__(self, start: float = 0.0) -> None:
         self._virtual = _VirtualSelector()
+        self._virtual.now = start
         super().__init__(selector=self._virtual)
 
     def time(self) -> float:
         return self._virtual.now
 
 
-def run_virtual(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` to completion on a fresh virtual-time loop, with the bench clock reading it."""
-    loop = VirtualTimeLoop()
+def run_virtual(coro: Coroutine[Any, Any, T], start: float = 0.0) -> T:
+    """Run ``coro`` to completion on a fresh virtual-time loop whose clock starts at ``start``
+    (a simulation that goes on where an earlier run ended), with the bench clock reading it."""
+    loop = VirtualTimeLoop(start)
     try:
         asyncio.set_event_loop(loop)
         with use_clock(loop.time):

@@ -1,0 +1,128 @@
+"""What one simulation runs: a model, the engine arguments its server would run with, and where
+its step costs come from: a calibration of this machine (``flashlane calibrate``) or the stated
+assumptions of named GPUs (``analyze.gpu_step_cost``).
+
+A stack's mechanisms (``bench.stack_files.Mechanisms``) map to engine arguments here too, so a
+stack file for vLLM or SGLang, which gives no `flashlane serve` flags, can still be simulated,
+and a counterfactual ("this stack, but with prefix caching for the hybrid") is one change of
+mechanism.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..analyze.cache import cache_bytes
+from ..analyze.calibration import Calibration, load_calibration
+from ..analyze.gpu_step_cost import HardwareStepCost, HostAssumptions, ParallelLayout, parse_hardware_spec
+from ..analyze.memory import Layout, device_memory
+from ..analyze.models import resolve_model
+from ..analyze.params import count_params
+from ..analyze.step_cost import StepWork
+from ..bench.stack_files import Mechanisms
+from ..config import ModelConfig
+from .front_end import FrontEnd
+from .prompts import prompt_tokenizer
+from .run import SimSetup
+
+# A GPU engine's step budget (vLLM's default max_num_batched_tokens for online serving), where the
+# engine arguments do not give one.
+GPU_BATCHED_TOKENS = 8192
+GPU_MAX_NUM_SEQS = 256
+DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def is_stateful(cfg: ModelConfig) -> bool:
+    """Does the model carry recurrent (linear-attention) state a prefix cache must restore?"""
+    return "kda" in cfg.mixer_types
+
+
+def mechanism_args(m: Mechanisms, cfg: ModelConfig) -> dict:
+    """The engine arguments that give a stack's mechanisms to this model. A prefix cache that does
+    not restore recurrent state gives a hybrid no hits (every turn starts over), which for this
+    engine is the prefix cache off."""
+    args = {"enable_prefix_caching": m.prefix_cache and (m.prefix_cache_stateful or not is_stateful(cfg)),
+            "compile": m.static_graphs}
+    if m.batching == "static":
+        args.update(scheduler="static", max_wait_ms=0.0)
+        if m.static_batch_size:
+            args["static_batch_size"] = m.static_batch_size
+    else:
+        args.update(scheduler="continuous", max_wait_ms=m.batching_window_ms)
+    return args
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where the step costs came from, for the manifest and the report."""
+    kind: str            # "calibration" | "hardware"
+    detail: dict
+
+
+def calibrated(model: str, calibration: str | Calibration, engine_args: dict,
+               machine: dict | None = None) -> tuple[SimSetup, list[str]]:
+    """A simulation of MODEL as `flashlane serve` with ``engine_args`` runs on the calibration's
+    machine. The calibration must be of this model and of the mode these arguments run in (dtype,
+    kv-cache dtype, quantisation, static graphs, threads): a mismatch is a ValueError naming it.
+    Returns the setup and warnings (another machine than ``machine``, say)."""
+    named = resolve_model(model)
+    cal, warnings = (calibration, []) if isinstance(calibration, Calibration) else load_calibration(
+        calibration, machine=machine, strict=False)
+    where = calibration if isinstance(calibration, str) else cal.model
+    if cal.model != model:
+        raise ValueError(f"calibration {where} is of model {cal.model!r}, not {model!r}")
+    args = dict(engine_args)
+    if args.get("dtype") in (None, "auto"):
+        args["dtype"] = cal.mode["dtype"]
+    if args.get("num_threads") is None:
+        args["num_threads"] = cal.mode.get("num_threads")
+    mode = {"dtype": args["dtype"], "kv_cache_dtype": args.get("kv_cache_dtype", "auto"),
+            "quantization": args.get("quantization"), "compile": bool(args.get("compile")),
+            "num_threads": args["num_threads"]}
+    if mode["kv_cache_dtype"] == "auto":
+        mode["kv_cache_dtype"] = cal.mode["kv_cache_dtype"]
+    bad = [f"{k}: the calibration has {cal.mode.get(k)!r}, the simulated server {v!r}"
+           for k, v in mode.items() if cal.mode.get(k) != v]
+    if bad:
+        raise ValueError(f"calibration {where} was measured in another engine mode than the simulated server's: "
+                         + "; ".join(bad) + " (calibrate again with those engine flags)")
+    front = FrontEnd.from_dict(cal.front_end)
+    setup = SimSetup(model, named.cfg, cal.cost_model(named.cfg).seconds, args,
+                     prompt_tokenizer(model, named.cfg.vocab_size), front,
+                     assumptions={"step_costs": "calibration", "calibration": {
+                         "file": str(where), "machine": cal.machine, "mode": cal.mode,
+                         "coefficients": cal.coefficients, "fit": {k: cal.fit.get(k) for k in (
+                             "median_rel_error", "p90_rel_error", "n_steps")}}})
+    return setup, [f"calibration {where}: {w}; the simulated figures are for the calibration's machine"
+                   for w in warnings]
+
+
+def on_hardware(model: str, hardware: str, engine_args: dict, tp: int | None = None, ep: int | None = None,
+                weight_dtype: str = "fp8", host: HostAssumptions = HostAssumptions(),
+                scale: dict | None = None) -> SimSetup:
+    """A simulation of MODEL served on named GPUs (``h200x8``): step costs from the hardware
+    profile's stated peaks and efficiencies, TP/EP as communication costs, static graphs (CUDA
+    graphs) from ``engine_args["compile"]``; the cache holds what device memory leaves after
+    the weights. ``scale`` multiplies named assumptions (sensitivity)."""
+    named = resolve_model(model)
+    cfg = named.cfg
+    hw, devices = parse_hardware_spec(hardware)
+    layout = ParallelLayout(devices, tp or devices, ep or devices)
+    kv = "bf16" if engine_args.get("kv_cache_dtype", "auto") in ("auto", "bfloat16") else "int8"
+    cost = HardwareStepCost(StepWork(cfg, weight_dtype, kv), hw, layout, graphs=bool(engine_args.get("compile")),
+                            host=host, weight_dtype=weight_dtype)
+    if scale:
+        cost = cost.scaled(**scale)
+    mem = device_memory(cfg, count_params(cfg), cache_bytes(cfg), Layout(tp=layout.tp), hw.mem_bytes,
+                        weight_dtype, kv)
+    if not mem.fits:
+        raise ValueError(f"{model} in {weight_dtype} does not fit {hardware}: {mem.weights / 1e9:.0f} GB of weights "
+                         f"per device against {mem.usable / 1e9:.0f} GB usable")
+    args = {"max_num_batched_tokens": GPU_BATCHED_TOKENS, "max_num_seqs": GPU_MAX_NUM_SEQS, **engine_args,
+            "dtype": "bfloat16", "cache_memory": int(mem.free)}
+    return SimSetup(model, cfg, cost.seconds, args, prompt_tokenizer(model, cfg.vocab_size),
+                    FrontEnd(source="not modelled on GPUs: zero front-end time assumed"),
+                    devices=tuple([hw.name] * devices),
+                    assumptions={"step_costs": "hardware", "hardware": hardware, "layout": {
+                        "devices": devices, "tp": layout.tp, "ep": layout.ep}, "weight_dtype": weight_dtype,
+                        "scaled": dict(scale or {}), "assumptions": cost.assumptions()})
