@@ -5,14 +5,12 @@ import json
 
 import pytest
 
-from flashlane.analyze import Hardware
 from flashlane.bench.attribution import COMPONENTS, mean_partition, task_partition
 from flashlane.bench.load import LoadPoint
 from flashlane.bench.machine_load import summarize_rounds
 from flashlane.bench.records import RequestRecord, SessionRecord
 from flashlane.bench.rounds import engine_time, merge_telemetry, round_sizes, schedule
 from flashlane.bench.runner import BenchConfig
-from flashlane.cli.compare_attribution import calibrate
 
 
 def cfg(**kw):
@@ -79,23 +77,6 @@ def test_pooled_telemetry_and_load_keep_each_round():
                           {"n": 6, "cores": 2, "cotenant_cpu_percent": 90.0, "reasons": ["busy"]}])
     assert m["rounds"] == [10.0, 90.0] and m["cotenant_cpu_percent"] == pytest.approx(70.0)
     assert m["noisy"] and m["reasons"] == ["round 1: busy"]
-
-
-def _hw(bw):
-    return Hardware("local", {"bf16": 1e11}, bw, 1e10, None, "test")
-
-
-def test_calibration_is_repeated_and_refused_when_it_spreads():
-    runs = iter([_hw(10e9), _hw(11e9), _hw(10.5e9)])
-    local, record = calibrate(runs=3, measure=lambda: next(runs), log=lambda m: None)
-    cal = record["calibration"]
-    assert local.mem_bw == 11e9 and cal["runs"] == 3 and cal["spread"] == pytest.approx(0.1)
-    assert record["mem_bw"] == 11e9 and len(cal["profiles"]) == 3 and cal["idle"]
-    runs = iter([_hw(5e9), _hw(11e9), _hw(10e9)])
-    said = []
-    local, record = calibrate(runs=3, measure=lambda: next(runs), log=said.append)
-    assert local is None and not record["calibration"]["idle"]
-    assert "spread 120%" in said[0]
 
 
 def test_cotenant_cpu_counts_a_waited_child_as_ours():

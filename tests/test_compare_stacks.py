@@ -18,7 +18,7 @@ from flashlane.bench.records import RequestRecord, SessionRecord
 from flashlane.bench.stacks import DEFAULT_STACKS, STACKS, parse_stacks
 from flashlane.bench.task_components import measured_components, replayed_turns
 from flashlane.bench.workloads.agentic import SCALES, generate_trace
-from flashlane.cli.compare_attribution import make_predictor, role_of
+from flashlane.cli.compare_attribution import role_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -102,16 +102,6 @@ def test_task_components_and_replayed_turns_skip_truncated_tasks():
     assert m["task_s"] == pytest.approx(10.0) and m["think_s"] == pytest.approx(2.0)
 
 
-def test_prediction_of_the_replayed_trace_follows_the_cache():
-    hw = Hardware("test box", {"bf16": 50e9}, 10e9, 16e9, 0.0, "synthetic")
-    predict = make_predictor(hw)
-    cold = predict("tiny-standard", [[(4000, 0, 16), (8000, 0, 16)]], 1)
-    warm = predict("tiny-standard", [[(4000, 0, 16), (8000, 3968, 16)]], 1)
-    assert 0 < warm["prefill_s"] < cold["prefill_s"] and warm["decode_s"] == pytest.approx(cold["decode_s"])
-    assert cold["task_s"] == pytest.approx(cold["prefill_s"] + cold["decode_s"])
-    assert predict("not-a-model", [[(10, 0, 1)]], 1) is None
-
-
 def test_layer_breakdown_from_a_synthetic_profile_json():
     doc = {"batch": 1, "context": 8192, "decode": {"ms": 40.0, "categories": {
         "mhc": {"ms": 18.0, "share": 0.45}, "kda": {"ms": 10.0, "share": 0.25},
@@ -149,7 +139,7 @@ def test_compare_stacks_end_to_end_against_real_servers(tmp_path):
     out = tmp_path / "stacks"
     r = subprocess.run([sys.executable, "-m", "flashlane.cli.main", "compare", "--stacks", stacks,
                         "--scale", "small", "--concurrency", "1", "--num-sessions", "2", "--no-profile",
-                        "--output-dir", str(out), "--no-progress"],
+                        "--calibration-grid", "quick", "--output-dir", str(out), "--no-progress"],
                        capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.splitlines()
@@ -162,7 +152,9 @@ def test_compare_stacks_end_to_end_against_real_servers(tmp_path):
     assert [f["stack"] for f in res["findings"]] == names
     assert all(f["ci"] is not None and len(f["hybrid_task_s"]) == 2 for f in res["findings"])
     assert [s["stack"] for s in res["waterfall"]] == names
-    assert res["hardware_local"]["mem_bw"] > 0 and (out / "hardware_local.json").is_file()
+    # the simulation beside every side used a step-cost calibration of this machine per model
+    assert sorted(c["model"] for c in res["calibrations"].values()) == ["tiny-flash", "tiny-standard"]
+    assert len(list((out / "calibrations").glob("*.json"))) == 2
     pids = []
     for stack in names:
         for model in ("tiny-flash", "tiny-standard"):
@@ -176,11 +168,17 @@ def test_compare_stacks_end_to_end_against_real_servers(tmp_path):
             pids.append(s["telemetry"].get("server_pid"))
             point = res["points"][f"{stack}/{model}"][0]
             assert point["measured"]["tasks"] == 2
-            # a prediction only from a calibration that ran on an idle machine with a small spread
-            if res["hardware_local"]["calibration"]["idle"]:
-                assert point["predicted"]["task_s"] > 0
-            else:
-                assert point["predicted"] is None and res["hardware_local"]["calibration"]["reasons"]
+            # the same two tasks simulated beside the measurement, with errors and the per-step error
+            sim = point["simulated"]
+            measured = sorted(x["tree_id"] for x in map(json.loads, (run / "sessions.jsonl").read_text().splitlines())
+                              if x["completed"] and not x["truncated"] and x["phase"] == "profiling")
+            assert sorted(sim["task_s_by_tree"]) == measured and len(measured) == 2
+            assert all(v > 0 for v in sim["task_s_by_tree"].values())
+            fig = sim["figures"]["task_s"]
+            assert fig["simulated"] > 0 and fig["error"] == pytest.approx((fig["simulated"] - fig["measured"])
+                                                                          / fig["measured"])
+            assert sim["per_step"]["all"]["steps"] > 0 and sim["per_step"]["all"]["p90_rel_error"] >= 0
+            assert (out / "simulated" / stack / model / "c1" / "round1" / "summary.json").is_file()
             # two interleaved rounds of one task each, in ABBA order, with the engine's own time
             assert [r["round"] for r in point["rounds"]] == [0, 1]
             assert all(r["tasks"] == 1 and r["engine"]["busy_s"] > 0 for r in point["rounds"])
@@ -190,6 +188,11 @@ def test_compare_stacks_end_to_end_against_real_servers(tmp_path):
             part = point["attribution"]
             assert part["forward_s"] > 0 and abs(part["sum_s"] - part["task_s"]) <= 0.05 * part["task_s"]
     assert not any("serving overhead" in x for x in res["explanation"])
+    assert [r["stack"] for r in res["simulated_ratios"]] == names and all(r["simulated"] > 0 for r in res["simulated_ratios"])
+    cf = res["counterfactual"]
+    assert cf["steps"][0]["change"].startswith("as measured: ") and cf["steps"][-1]["change"].startswith("+ no host time")
+    assert all(s["ratio"] > 0 for s in cf["steps"])
+    assert "## Simulated beside measured" in (out / "compare.md").read_text()
     assert all(f["pairs"] and len(f["pairs"]) == 2 and f["engine"] and f["cpu"] for f in res["findings"])
     assert res["conditions"]["tiny-flash"]["dtype"] == res["conditions"]["tiny-standard"]["dtype"]
     assert not res["unequal_conditions"]

@@ -9,7 +9,10 @@ is measured in interleaved rounds (bench/rounds.py: the same tasks on A and B ba
 order), so the machine's drift hits both sides and each round is one pair for the ratio's CI.
 A stack whose command is not `flashlane serve` (a stack file's vLLM or SGLang server) is started
 as written; it has no engine step records, so for it only the measured wall-clock figures are
-reported, with a note, and neither analyze's prediction nor the local profile is run for it.
+reported, with a note, and neither the simulation nor the local profile is run for it.
+Beside each measured `flashlane serve` side a `Simulator` (the CLI wires ``simulate``) replays the
+same rounds in simulated time and reports its figures and their error, and simulates the
+counterfactuals (one mechanism changed at a time) that the waterfall shows.
 The report is written by compare_report.py.
 """
 
@@ -21,7 +24,7 @@ import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 import httpx
 
@@ -38,8 +41,21 @@ from .stacks import ROLES, Stack
 from .task_components import measured_components, replayed_turns
 from .text_synth import TextSynth, TokenizerResolver, load_tokenizer
 
-# (model id, replayed turns per task, concurrency) -> {prefill_s, decode_s, task_s} or None
-Predictor = Callable[[str, list, int], "dict | None"]
+
+
+class Simulator(Protocol):
+    calibrations: dict     # what the simulated step costs were fitted on, for the report
+
+    def beside(self, group: StackRun, target: CompareTarget, run: PointRun, cfg: BenchConfig, source, synth,
+               folder: Path) -> dict | None:
+        """The simulated figures of one measured side (the same rounds replayed in simulated time),
+        with their errors against the measurement; None when it cannot simulate this side."""
+
+    def counterfactuals(self, groups: list[StackRun], targets: list[CompareTarget], source, synth,
+                        folder: Path) -> dict | None:
+        """Simulated ratios with one mechanism changed at a time, from the stack that reproduces
+        the finding, at the first load point (the waterfall); None when there is nothing to do."""
+
 # (model id, batch, context, weights dtype as served or None) -> the profile command's JSON summary, or None
 Profiler = Callable[[str, int, int, "str | None"], "dict | None"]
 
@@ -183,14 +199,13 @@ def run_compare(a: str, b: str, base_cfg: BenchConfig, out_dir: Path, template: 
                 extra_args: list[str] | None = None, startup_timeout_s: float = 300.0,
                 log=print, resolve_tokenizer: TokenizerResolver | None = None,
                 stacks: list[Stack] | None = None, role_of: Callable[[str], str | None] | None = None,
-                predict: Predictor | None = None, profile: Profiler | None = None,
-                hardware: dict | None = None, conditions: dict | None = None) -> dict:
+                simulator: Simulator | None = None, profile: Profiler | None = None,
+                conditions: dict | None = None) -> dict:
     """Run the comparison under each stack (None or URL targets: the servers as given); returns
     {'rows', 'explanation', 'answer', 'markdown', ...}. `resolve_tokenizer`: see `prompt_synth`;
-    `role_of`: see `assign_roles`; `predict` / `profile`: attribution hooks (the CLI wires
-    `analyze` and `flashlane profile`); `hardware`: the calibrated profile (with its calibration
-    record), stored with the run; `conditions`: what the caller resolved once for both servers
-    (dtype, threads), for the report."""
+    `role_of`: see `assign_roles`; `simulator` / `profile`: attribution hooks (the CLI wires
+    `simulate` and `flashlane profile`); `conditions`: what the caller resolved once for both
+    servers (dtype, threads), for the report."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     targets = resolve_targets(a, b)
@@ -200,8 +215,6 @@ def run_compare(a: str, b: str, base_cfg: BenchConfig, out_dir: Path, template: 
         stacks = None
     groups = ([StackRun(s.name, s, {t.name: s.flags(t.role) for t in targets}) for s in stacks]
               if stacks else [StackRun("as given", None)])
-    if hardware is not None:
-        (out_dir / "hardware_local.json").write_text(json.dumps(hardware, indent=2))
     source = build_source(base_cfg)
     synth = None
     previous = signal.getsignal(signal.SIGTERM)
@@ -225,6 +238,7 @@ def run_compare(a: str, b: str, base_cfg: BenchConfig, out_dir: Path, template: 
                                         server_pid=t.server.pid if t.server else base_cfg.server_pid,
                                         server_command=t.server.command if t.server else None)
                         for t in targets}
+                g.cfgs = cfgs
                 for point in base_cfg.load_points():
                     runs = measure_interleaved(cfgs, targets, source, synth, point, folder, log,
                                                f"{g.name} " if g.stack else "")
@@ -232,8 +246,13 @@ def run_compare(a: str, b: str, base_cfg: BenchConfig, out_dir: Path, template: 
                         g.points[t.name].append(runs[t.name])
     finally:
         signal.signal(signal.SIGTERM, previous)
-    attribution = attribute(targets, groups, predict, profile, out_dir, log) + external_notes(targets, groups)
-    return write_compare(targets, groups, base_cfg, out_dir, roles_how, attribution, hardware, conditions)
+    attribution = attribute(targets, groups, profile, out_dir, log) + external_notes(targets, groups)
+    counterfactual = None
+    if simulator is not None:
+        simulate_beside(simulator, targets, groups, source, synth, out_dir, log)
+        counterfactual = simulator.counterfactuals(groups, targets, source, synth, out_dir / "simulated")
+    return write_compare(targets, groups, base_cfg, out_dir, roles_how, attribution,
+                         simulator.calibrations if simulator else None, conditions, counterfactual)
 
 
 def external_notes(targets: list[CompareTarget], groups: list[StackRun]) -> list[str]:
@@ -244,8 +263,8 @@ def external_notes(targets: list[CompareTarget], groups: list[StackRun]) -> list
         if ext:
             lines.append(f"{g.name} runs {' and '.join(ext)} on an external server (not `flashlane serve`): "
                          f"only the measured wall-clock figures are shown there; engine-side attributions "
-                         f"(engine busy time, step records, the per-task partition, analyze's prediction "
-                         f"and the profile) are unavailable.")
+                         f"(engine busy time, step records, the per-task partition, the simulation beside "
+                         f"it and the profile) are unavailable.")
     return lines
 
 
@@ -253,21 +272,25 @@ def _flashlane_side(g: StackRun, t: CompareTarget) -> bool:
     return not (g.stack and g.stack.external(t.role))
 
 
-def attribute(targets, groups: list[StackRun], predict: Predictor | None, profile: Profiler | None,
-              out_dir: Path, log) -> list[str]:
-    """analyze's prediction per (stack, model, load point) stored on the runs (shown beside the
-    measured engine time, never as the explanation), and one per-layer-type profile sentence per
-    model at the workload's batch and median final context."""
-    from .layer_profile import breakdown_sentence
-
-    lines = []
+def simulate_beside(simulator: Simulator, targets, groups: list[StackRun], source, synth, out_dir: Path,
+                    log) -> None:
+    """The simulated figures of every measured `flashlane serve` side, stored on its runs."""
     for g in groups:
         for t in targets:
-            if not t.model or is_url(t.spec) or predict is None or not _flashlane_side(g, t):
+            if not t.model or is_url(t.spec) or not _flashlane_side(g, t):
                 continue
             for pr in g.points.get(t.name) or []:
-                if pr.turns:
-                    pr.prediction = predict(t.model, pr.turns, pr.point.concurrency or 1)
+                folder = out_dir / "simulated" / (g.name if g.stack else "as-given") / t.name / pr.point.label
+                log(f"simulating {g.name} {t.name} {pr.point.label}")
+                pr.simulated = simulator.beside(g, t, pr, g.cfgs[t.name], source, synth, folder)
+
+
+def attribute(targets, groups: list[StackRun], profile: Profiler | None, out_dir: Path, log) -> list[str]:
+    """One per-layer-type profile sentence per model at the workload's batch and median final
+    context."""
+    from .layer_profile import breakdown_sentence
+
+    lines: list[str] = []
     if profile is None:
         return lines
     for t in targets:

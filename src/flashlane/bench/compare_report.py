@@ -1,6 +1,7 @@
 """The comparison's findings and report: paired findings per (stack, load point), the answer
 line, and compare.md / compare.json / report.html with the per-stack table, the measured
-attribution of a task's time, the interleaved schedule and the serving conditions of each side."""
+attribution of a task's time, the simulated figures beside the measured ones with their errors,
+the counterfactual waterfall, the interleaved schedule and the serving conditions of each side."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from .findings import PointFinding, disagreement, paired_finding, waterfall
 from .records import read_requests, read_sessions
 from .report_rows import fmt, ms
 from .runner import BenchConfig, build_source, cdf_series, sweep_points
+from .stats import keyed_ratio
 
 LOAD_AXIS = "concurrency (sessions in flight)"
 
@@ -196,22 +198,70 @@ def idle_peer_cost(groups: list[StackRun]) -> dict | None:
             "fraction": idle / active if active else None} if n else None
 
 
-def prediction_table(groups: list[StackRun]) -> tuple[list[str], list[list[str]]]:
-    """analyze's model time beside the engine's measured forward + sampling time per task."""
-    head = ["stack", "model", "load", "predicted prefill + decode (s)", "predicted model time (s)",
-            "measured engine forward + sampling (s)", "measured / predicted"]
+def _pct(x) -> str:
+    return "–" if x is None else f"{100 * x:+.1f}%"
+
+
+def simulation_table(groups: list[StackRun]) -> tuple[list[str], list[list[str]]]:
+    """Per measured side: the measured figures beside the same rounds simulated, with the errors."""
+    head = ["stack", "model", "load", "task mean: measured / simulated (s)", "error", "TTFT mean (ms)", "error",
+            "ITL mean (ms)", "error", "prefix-cache hit", "per-step |error| median / p90"]
     rows = []
     for g in groups:
         for t, runs in g.points.items():
             for pr in runs:
-                p, m = pr.prediction, pr.partition
-                if not p or not m:
+                sim = pr.simulated
+                if not sim:
                     continue
-                model = p["prefill_s"] + p["decode_s"]
-                measured = m["forward_s"] + m["sample_s"]
-                rows.append([g.name, t, pr.point.label, f"{fmt(p['prefill_s'])} + {fmt(p['decode_s'])}",
-                             fmt(model), fmt(measured), f"{measured / model:.1f}×" if model else "–"])
+                f, step = sim["figures"], (sim.get("per_step") or {}).get("all") or {}
+
+                def pair(name, scale=1.0):
+                    m, s_ = f[name]["measured"], f[name]["simulated"]
+                    return f"{fmt(None if m is None else m * scale)} / {fmt(None if s_ is None else s_ * scale)}"
+                hit = f["prefix_hit"]
+                rows.append([g.name, t, pr.point.label, pair("task_s"), _pct(f["task_s"]["error"]),
+                             pair("ttft_s", 1e3), _pct(f["ttft_s"]["error"]), pair("itl_s", 1e3),
+                             _pct(f["itl_s"]["error"]),
+                             f"{fmt(hit['measured'])} / {fmt(hit['simulated'])}",
+                             f"{100 * step['median_rel_error']:.1f}% / {100 * step['p90_rel_error']:.1f}%"
+                             if step else "–"])
     return head, rows
+
+
+def simulated_ratios(findings: list[PointFinding], groups: list[StackRun], hyb: str, std: str) -> list[dict]:
+    """Per stack and load point: the measured ratio with its CI beside the simulated one (the
+    same tasks paired), and whether the simulated one lies inside the CI."""
+    out = []
+    for f in findings:
+        g = next((g for g in groups if g.name == f.stack), None)
+        if g is None:
+            continue
+        runs = {t: next((pr for pr in g.points.get(t, []) if load_of(pr.point) == f.load), None) for t in (hyb, std)}
+        sims = [pr.simulated if pr else None for pr in runs.values()]
+        if not all(sims):
+            continue
+        ratio = keyed_ratio(sims[0]["task_s_by_tree"], sims[1]["task_s_by_tree"])
+        lo, hi = (f.ci or {}).get("low"), (f.ci or {}).get("high")
+        out.append({"stack": f.stack, "load": f.load, "measured": f.ratio, "ci": [lo, hi], "simulated": ratio,
+                    "inside_ci": None if ratio is None or lo is None else lo <= ratio <= hi})
+    return out
+
+
+def ratio_table(ratios: list[dict]) -> tuple[list[str], list[list[str]]]:
+    head = ["stack", "load", "hybrid / standard per task: measured (95% CI)", "simulated", "inside the CI"]
+    return head, [[r["stack"], f"{r['load']:g}", f"{fmt(r['measured'])}× ({fmt(r['ci'][0])}–{fmt(r['ci'][1])}×)",
+                   f"{fmt(r['simulated'])}×", {True: "yes", False: "no", None: "–"}[r["inside_ci"]]]
+                  for r in ratios]
+
+
+def counterfactual_table(cf: dict | None) -> tuple[list[str], list[list[str]]]:
+    head = ["change (cumulative)", "hybrid / standard (simulated)", "hybrid task (s)", "standard task (s)",
+            "share of the gap"]
+    if not cf:
+        return head, []
+    return head, [[s["change"], f"{fmt(s['ratio'])}×", fmt(s["hybrid_task_s"]), fmt(s["standard_task_s"]),
+                   _pct(s.get("share_of_gap")).lstrip("+") if s.get("share_of_gap") is not None else "–"]
+                  for s in cf["steps"]]
 
 
 # ---- serving conditions --------------------------------------------------------------------
@@ -286,7 +336,8 @@ def stack_list_html(groups, targets) -> str:
 
 
 def write_compare(targets, groups: list[StackRun], cfg: BenchConfig, out_dir: Path, roles_how: str,
-                  attribution: list[str], hardware: dict | None = None, resolved: dict | None = None) -> dict:
+                  attribution: list[str], calibrations: dict | None = None, resolved: dict | None = None,
+                  counterfactual: dict | None = None) -> dict:
     na, nb = targets[0].name, targets[1].name
     hyb = next(t for t in targets if t.role == "hybrid").name
     std = next(t for t in targets if t.role == "standard").name
@@ -314,8 +365,9 @@ def write_compare(targets, groups: list[StackRun], cfg: BenchConfig, out_dir: Pa
     head, table_rows = stack_table(targets, groups, findings)
     a_head, a_rows = attribution_table(groups)
     s_head, s_rows = schedule_table(groups)
-    p_head, p_rows = prediction_table(groups)
-    calibration = (hardware or {}).get("calibration")
+    sim_tab = simulation_table(groups)
+    ratios = simulated_ratios(findings, groups, hyb, std)
+    ratio_tab, cf_tab = ratio_table(ratios), counterfactual_table(counterfactual)
     idle = idle_peer_cost(groups)
     md = [f"# flashlane compare — {na} (A) vs {nb} (B)", "", f"**Answer:** {answer}", "",
           "Serving conditions: " + "; ".join(cond_lines) + (f" **Unequal: {', '.join(unequal)}.**" if unequal else ""),
@@ -325,9 +377,15 @@ def write_compare(targets, groups: list[StackRun], cfg: BenchConfig, out_dir: Pa
     if a_rows:
         md += ["## Where a task's time goes (measured: client records + engine step records)", "",
                report_md.md_table(a_head, a_rows), ""]
-    if p_rows:
-        md += ["## analyze's prediction beside the measured engine time (a line, not the explanation)", "",
-               calibration_note(calibration), "", report_md.md_table(p_head, p_rows), ""]
+    if sim_tab[1]:
+        md += ["## Simulated beside measured (the same rounds replayed by `flashlane simulate`)", "",
+               simulation_note(calibrations), "", report_md.md_table(*sim_tab), ""]
+        if ratio_tab[1]:
+            md += [report_md.md_table(*ratio_tab), ""]
+    if cf_tab[1]:
+        md += [f"## Counterfactual waterfall (simulated, from {counterfactual['stack']} at {counterfactual['load']})",
+               "", report_md.md_table(*cf_tab), ""] + [f"- not simulated: {x}" for x in counterfactual["not_simulated"]]
+        md += [""]
     md += ["## Schedule (rounds in the order run)", "", idle_note(idle), "", report_md.md_table(s_head, s_rows), ""]
     for key, rs in rows.items():
         title = f"{load_name} {key}" if plain else f"{key.split('/')[0]} — {load_name} {key.split('/')[1]}"
@@ -338,7 +396,8 @@ def write_compare(targets, groups: list[StackRun], cfg: BenchConfig, out_dir: Pa
     (out_dir / "compare.json").write_text(json.dumps({
         "a": na, "b": nb, "hybrid": hyb, "standard": std, "roles": roles_how, "load": load_name,
         "answer": answer, "tasks_measured": n_tasks, "rows": rows, "explanation": explanation,
-        "hardware_local": hardware, "conditions": conds, "conditions_resolved": resolved,
+        "calibrations": calibrations, "conditions": conds, "conditions_resolved": resolved,
+        "simulated_ratios": ratios, "counterfactual": counterfactual,
         "unequal_conditions": unequal, "idle_peer_cost": idle,
         "stacks": [{"name": g.name, "description": g.stack.description if g.stack else None,
                     "mechanism": g.stack.mechanism if g.stack else None, "flags": g.flags} for g in groups],
@@ -349,22 +408,32 @@ def write_compare(targets, groups: list[StackRun], cfg: BenchConfig, out_dir: Pa
         "waterfall": steps, "waterfall_load": first_load,
         "points": {f"{'' if plain else g.name + '/'}{t}": [
             {"label": pr.point.label, "folder": str(pr.run_dir), **sweep_points([(pr.point, pr.summary)])[0],
-             "measured": pr.components, "attribution": pr.partition, "predicted": pr.prediction,
+             "measured": pr.components, "attribution": pr.partition, "simulated": pr.simulated,
              "machine_load": pr.machine, "rounds": [rr.to_json() for rr in pr.rounds]}
             for pr in runs] for g in groups for t, runs in g.points.items()}}, indent=2, default=str))
     write_html(targets, groups, cfg, out_dir, answer, explanation, (head, table_rows), rows, steps, first_load,
                hyb, std, roles_how, plain, cond_lines, unequal, (a_head, a_rows), (s_head, s_rows),
-               (p_head, p_rows), calibration, idle)
+               sim_tab, ratio_tab, cf_tab, calibrations, idle)
     return {"rows": rows, "explanation": explanation, "answer": answer, "a": na, "b": nb,
             "findings": findings, "waterfall": steps, "tasks_measured": n_tasks, "markdown": "\n".join(md)}
 
 
-def calibration_note(cal: dict | None) -> str:
-    if not cal:
-        return "Calibration: one run of this machine's `local` profile (no repeat recorded)."
-    return (f"Calibration: {cal.get('runs')} runs of this machine's `local` profile, spread "
-            f"{100 * (cal.get('spread') or 0):.0f}% (max/min of the bandwidth and FLOP rates), co-tenant CPU "
-            f"{cal.get('cotenant_cpu_percent', 0):.0f}% while it ran.")
+def simulation_note(calibrations: dict | None) -> str:
+    """Which step-cost calibrations the simulation used, and how well each fitted its own grid."""
+    if not calibrations:
+        return "Step costs: no calibration recorded."
+    parts = []
+    for name, c in calibrations.items():
+        fit = (c.get("fit") or {}).get("all") or {}
+        fe = c.get("front_end")
+        parts.append(f"{c['model']}: `{name}` ({c.get('machine')}; {c['mode'].get('dtype')}, "
+                     f"{c['mode'].get('num_threads')} thread(s); fit on its grid: median |error| "
+                     f"{100 * fit.get('median_rel_error', float('nan')):.1f}%, p90 "
+                     f"{100 * fit.get('p90_rel_error', float('nan')):.1f}%; front end "
+                     + ("measured" if fe else "not measured") + ")")
+    return ("Step costs from `flashlane calibrate` of this machine in the servers' mode (a grid of its own, not "
+            "these runs): " + "; ".join(parts) + ". Errors are simulated minus measured, over measured; "
+            "the per-step error prices every measured step record with the step-cost model.")
 
 
 def idle_note(idle: dict | None) -> str:
@@ -377,8 +446,8 @@ def idle_note(idle: dict | None) -> str:
 
 
 def write_html(targets, groups, cfg, out_dir: Path, answer, explanation, stack_tab, rows, steps, first_load,
-               hyb, std, roles_how, plain, cond_lines, unequal, attr_tab, sched_tab, pred_tab, calibration,
-               idle) -> None:
+               hyb, std, roles_how, plain, cond_lines, unequal, attr_tab, sched_tab, sim_tab, ratio_tab, cf_tab,
+               calibrations, idle) -> None:
     esc = report_html.html.escape
     na, nb = targets[0].name, targets[1].name
     load_name = "concurrency" if cfg.concurrency else "request rate"
@@ -391,9 +460,12 @@ def write_html(targets, groups, cfg, out_dir: Path, answer, explanation, stack_t
                 ("Per stack", report_html.table(*stack_tab))]
     if attr_tab[1]:
         sections.append(("Where a task's time goes (measured)", report_html.table(*attr_tab)))
-    if pred_tab[1]:
-        sections.append(("analyze's prediction beside the measured engine time",
-                         f"<p class='note'>{esc(calibration_note(calibration))}</p>" + report_html.table(*pred_tab)))
+    if sim_tab[1]:
+        sections.append(("Simulated beside measured",
+                         f"<p class='note'>{esc(simulation_note(calibrations))}</p>" + report_html.table(*sim_tab)
+                         + (report_html.table(*ratio_tab) if ratio_tab[1] else "")))
+    if cf_tab[1]:
+        sections.append(("Counterfactual waterfall (simulated)", report_html.table(*cf_tab)))
     if steps:
         title = f"{hyb} / {std} per-task latency ratio by stack at {load_name} {first_load:g}"
         sections.append((f"Waterfall at {load_name} {first_load:g}",

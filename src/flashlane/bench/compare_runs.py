@@ -34,7 +34,7 @@ class PointRun:
     machine: dict              # co-tenant load over the side's rounds
     rounds: list[RoundRun] = field(default_factory=list)
     partition: dict | None = None   # measured attribution per task (attribution.mean_partition)
-    prediction: dict | None = None
+    simulated: dict | None = None   # the same rounds in simulated time, with the errors (compare's Simulator)
 
 
 @dataclass
@@ -43,6 +43,7 @@ class StackRun:
     stack: Stack | None
     flags: dict[str, list[str]] = field(default_factory=dict)  # target name -> stack flags
     points: dict[str, list[PointRun]] = field(default_factory=dict)  # target name -> per point
+    cfgs: dict = field(default_factory=dict)  # target name -> the BenchConfig its points ran with
 
 
 def is_url(s: str) -> bool:

@@ -135,3 +135,12 @@ def paired_ratio_ci(a: list[float], b: list[float], level: float = 0.95) -> dict
             "n_a": n, "n_b": n, "ratio_of_means": float(x.mean() / y.mean()),
             "method": "paired: geometric mean of per-pair ratios, t interval on the logs (n-1 df)",
             "significant": not (low <= 1.0 <= high)}
+
+
+def keyed_ratio(a: dict, b: dict) -> float | None:
+    """Geometric mean of a[k] / b[k] over the keys both hold with positive values (the same
+    tasks on two sides, paired by id); None when there are none."""
+    keys = [k for k in a if k in b and a[k] > 0 and b[k] > 0]
+    if not keys:
+        return None
+    return float(np.exp(np.mean([np.log(a[k] / b[k]) for k in keys])))

@@ -4,8 +4,9 @@ With no arguments it runs tiny-flash (hybrid) and tiny-standard under three serv
 (naive static batching, hybrid-cache-gap, flashlane: see --stacks), each (stack, model) its own
 `flashlane serve` on a free port, on the long agentic workload (contexts past 8K tokens) at
 concurrency 1, and prints the answer first: which stack makes the hybrid slower per task, by how
-much (bootstrap 95% CI over tasks), what the time goes to (analyze's prediction on this machine's
-calibrated profile beside the measurement) and which stack closes the gap; writes compare.md,
+much (paired 95% CI over tasks), where the time goes (measured; and the same rounds replayed by
+the simulator beside each side, with its errors and a counterfactual waterfall) and which stack
+closes the gap; writes compare.md,
 compare.json and report.html and stops every server. A and B may be model ids (started here) or
 base URLs (used as given: then no stacks). Servers started here run under equal conditions: dtype
 "auto" and the thread count are resolved once, here, and both get the same --dtype and
@@ -116,8 +117,13 @@ def add_parser(subparsers):
                         "built-ins of the same name; without --stacks, the stacks of these files run, "
                         "in order. A command other than `flashlane serve` (vLLM, SGLang) is started "
                         "as written; only wall-clock figures are measured for it")
-    p.add_argument("--no-predict", action="store_true",
-                   help="skip the local hardware calibration, analyze's prediction and the profile")
+    p.add_argument("--no-simulate", "--no-predict", dest="no_simulate", action="store_true",
+                   help="skip the simulation beside each measured side (and the step-cost calibration it may "
+                        "need), the counterfactual waterfall and the profile")
+    p.add_argument("--calibration-grid", choices=("compare", "quick"), default="compare",
+                   help="the `flashlane calibrate` grid run for a model whose step costs on this machine and "
+                        "engine mode are not cached yet ($FLASHLANE_CACHE/calibrations): compare (prompts up to 8K, "
+                        "2-4 min per tiny preset on 2 cores) or quick (a smoke run, a poorer fit)")
     p.add_argument("--no-profile", action="store_true",
                    help="skip the per-layer-type `flashlane profile` of each model (1-3 min at 8K "
                         "context on 2 CPU cores)")
@@ -188,17 +194,21 @@ def run(args) -> int:
             extra_args += more
         from .. import presets
         from . import compare_attribution as attr
-        predict = profile = hardware = None
-        if not local_engine and not args.no_predict:
-            log("compare: every stack runs an external server; no local calibration, prediction or profile")
-        if not args.no_predict and local_engine:
-            local, hardware = attr.calibrate(log=log)
-            predict = attr.make_predictor(local) if local is not None else None
+        simulator = profile = None
+        if not local_engine and not args.no_simulate:
+            log("compare: every stack runs an external server; no simulation beside it, no profile")
+        if not args.no_simulate and local_engine:
+            if args.serve_command:
+                log("compare: --serve-command servers are not `flashlane serve` as the simulator knows it; "
+                    "no simulation beside them")
+            else:
+                from .compare_simulation import LocalSimulator
+                simulator = LocalSimulator(extra_args, out, log=log, grid=args.calibration_grid)
             profile = None if args.no_profile else attr.make_profiler(out, log=log)
         res = run_compare(args.a, args.b, cfg, out, template=args.serve_command,
                           extra_args=extra_args, startup_timeout_s=args.startup_timeout, log=log,
                           resolve_tokenizer=presets.tokenizer_file, stacks=stacks, role_of=attr.role_of,
-                          predict=predict, profile=profile, hardware=hardware, conditions=conditions)
+                          simulator=simulator, profile=profile, conditions=conditions)
     except KeyboardInterrupt:
         print("flashlane compare: interrupted; servers stopped, partial results kept", file=sys.stderr)
         return 130

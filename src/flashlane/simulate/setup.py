@@ -18,7 +18,7 @@ from ..analyze.gpu_step_cost import HardwareStepCost, HostAssumptions, ParallelL
 from ..analyze.memory import Layout, device_memory
 from ..analyze.models import resolve_model
 from ..analyze.params import count_params
-from ..analyze.step_cost import StepWork
+from ..analyze.step_cost import StepCostModel, StepWork
 from ..bench.stack_files import Mechanisms
 from ..config import ModelConfig
 from .front_end import FrontEnd
@@ -59,12 +59,17 @@ class Source:
     detail: dict
 
 
+HOST_TERMS = ("t_step", "t_seq", "t_dispatch_seq_layer", "t_dispatch_expert")
+
+
 def calibrated(model: str, calibration: str | Calibration, engine_args: dict,
-               machine: dict | None = None) -> tuple[SimSetup, list[str]]:
+               machine: dict | None = None, zero_host: bool = False) -> tuple[SimSetup, list[str]]:
     """A simulation of MODEL as `flashlane serve` with ``engine_args`` runs on the calibration's
     machine. The calibration must be of this model and of the mode these arguments run in (dtype,
     kv-cache dtype, quantisation, static graphs, threads): a mismatch is a ValueError naming it.
-    Returns the setup and warnings (another machine than ``machine``, say)."""
+    ``zero_host``: the counterfactual without host time (the fitted per-step, per-sequence and
+    dispatch terms and the front end set to zero: only the op groups' time is left). Returns the
+    setup and warnings (another machine than ``machine``, say)."""
     named = resolve_model(model)
     cal, warnings = (calibration, []) if isinstance(calibration, Calibration) else load_calibration(
         calibration, machine=machine, strict=False)
@@ -87,11 +92,16 @@ def calibrated(model: str, calibration: str | Calibration, engine_args: dict,
         raise ValueError(f"calibration {where} was measured in another engine mode than the simulated server's: "
                          + "; ".join(bad) + " (calibrate again with those engine flags)")
     front = FrontEnd.from_dict(cal.front_end)
-    setup = SimSetup(model, named.cfg, cal.cost_model(named.cfg).seconds, args,
+    cost = cal.cost_model(named.cfg)
+    if zero_host:
+        front = front.zero()
+        cost = StepCostModel(cost.work, cost.peak_flops, cost.mem_bw,
+                             {**cost.coefficients, **{t: 0.0 for t in HOST_TERMS}})
+    setup = SimSetup(model, named.cfg, cost.seconds, args,
                      prompt_tokenizer(model, named.cfg.vocab_size), front,
                      assumptions={"step_costs": "calibration", "calibration": {
                          "file": str(where), "machine": cal.machine, "mode": cal.mode,
-                         "coefficients": cal.coefficients, "fit": {k: cal.fit.get(k) for k in (
+                         "coefficients": cost.coefficients, "zero_host": zero_host, "fit": {k: cal.fit.get(k) for k in (
                              "median_rel_error", "p90_rel_error", "n_steps")}}})
     return setup, [f"calibration {where}: {w}; the simulated figures are for the calibration's machine"
                    for w in warnings]
