@@ -19,7 +19,7 @@ import os
 import sys
 import time
 
-from .bench_args import add_common, common_kwargs, int_list
+from .bench_args import add_common, common_kwargs, int_list, positive_int
 from .help import HelpFormatter
 
 # Sessions per load point (a * concurrency + b), by scale: a p90 is meaningful, yet the default
@@ -103,9 +103,11 @@ def add_parser(subparsers):
                    help="model id or base URL (default tiny-standard)")
     p.add_argument("--concurrency", type=int_list, default=None,
                    help="closed-loop concurrency sweep (default: 1 at --scale long, else 1,2,4)")
-    p.add_argument("--scale", choices=("small", "medium", "long", "large", "full"), default="long",
-                   help="size of the synthetic agentic sessions and sessions per load point; long: "
-                        "10-11 turns growing past 8K tokens, whole tasks from turn 0 (no t* warmup)")
+    p.add_argument("--scale", choices=("small", "medium", "long", "large", "full"), default=None,
+                   help="size of the synthetic agentic sessions and sessions per load point; long (the default): "
+                        "10-11 turns growing past 8K tokens, whole tasks from turn 0 (no t* warmup); large (the "
+                        "default with --simulate): 8-30 turns up to 131K tokens; full: AgentX-like sessions of "
+                        "20-80 turns up to 262K tokens (--simulate: about 20 s per simulated task)")
     p.add_argument("--stacks", default=None,
                    help="serving stacks to run each model under, comma-separated: naive, "
                         "hybrid-cache-gap, flashlane, or one a --stacks-file defines (default: all "
@@ -130,6 +132,16 @@ def add_parser(subparsers):
     p.add_argument("--trace", default=None,
                    help="replay this trace file instead of synthetic sessions (default: synthetic)")
     p.add_argument("--output-dir", default=None, help="default: flashlane-compare-<time>")
+    g = p.add_argument_group("the whole study in simulation (full-size models on GPUs)")
+    g.add_argument("--simulate", action="store_true",
+                   help="run no server: simulate both models under every stack on --hardware (the engine's "
+                        "scheduler and cache manager, step costs from the hardware profile), print per-task "
+                        "latency, tasks/h and p90 beside the public finding's, every assumption, and which one "
+                        "moves the ratio most")
+    g.add_argument("--hardware", default=None, metavar="NAMExN", help="with --simulate: e.g. h200x8")
+    g.add_argument("--tp", type=positive_int, default=None, help="with --simulate: tensor parallel (default: all GPUs)")
+    g.add_argument("--ep", type=positive_int, default=None, help="with --simulate: expert parallel (default: all GPUs)")
+    g.add_argument("--weight-dtype", choices=("bf16", "fp8"), default="fp8", help="with --simulate: weight dtype")
     p.add_argument("--serve-command", default=None,
                    help="server command template with {model} {port} {host} {python}; "
                         "default: flashlane serve --model {model} --host 127.0.0.1 --port {port}")
@@ -157,6 +169,12 @@ def run(args) -> int:
     if args.a == args.b:
         print("flashlane compare: error: A and B are the same target", file=sys.stderr)
         return 2
+    if args.simulate:
+        return run_simulated(args)
+    if args.hardware or args.tp or args.ep:
+        print("flashlane compare: error: --hardware / --tp / --ep are for --simulate", file=sys.stderr)
+        return 2
+    args.scale = args.scale or "long"
     try:
         files = load_stack_paths(args.stacks_file) if args.stacks_file else {}
         # a custom --serve-command gets stack flags only when stacks are asked for explicitly
@@ -225,4 +243,45 @@ def run(args) -> int:
     print(f"{res['tasks_measured']} tasks measured; report: {out / 'report.html'}")
     from .record import record_results
     record_results(args, "compare", out)
+    return 0
+
+
+SIMULATED_SESSIONS = 4     # tasks per (stack, model) with --simulate (each side is deterministic)
+
+
+def run_simulated(args) -> int:
+    """compare --simulate: the study on simulated servers (cli/compare_study.py)."""
+    from pathlib import Path
+
+    from ..bench.stack_files import load_stack_paths
+    from ..bench.stacks import STACKS, parse_stacks
+    from ..config import ConfigError
+    from ..simulate.run import sim_bench_config
+    from .compare_study import run_study
+
+    if not args.hardware:
+        print("flashlane compare: error: --simulate needs --hardware (e.g. h200x8); on this machine, measure "
+              "instead (the simulation then runs beside each measured side)", file=sys.stderr)
+        return 2
+    log = (lambda m: print(m, file=sys.stderr)) if not args.no_progress else (lambda m: None)
+    scale = args.scale or "large"
+    out = Path(args.output_dir or time.strftime("flashlane-compare-%Y%m%d-%H%M%S"))
+    try:
+        files = load_stack_paths(args.stacks_file) if args.stacks_file else {}
+        stacks = parse_stacks(args.stacks, {**STACKS, **files}, default=list(files) or None)
+        kw = common_kwargs(args)
+        kw["num_sessions"] = kw["num_sessions"] or SIMULATED_SESSIONS
+        if kw["warmup"] == "auto":
+            kw["warmup"] = "none"          # whole tasks from turn 0; a simulated server has no first-call cost
+        cfg = sim_bench_config(output_dir=str(out), workload="agentic", trace=args.trace, scale=scale,
+                               concurrency=args.concurrency or [1], **kw)
+        res = run_study(args.a, args.b, stacks, args.hardware, args.tp, args.ep, args.weight_dtype, cfg, out, log)
+    except KeyboardInterrupt:
+        print("flashlane compare: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, ConfigError, OSError) as e:
+        print(f"flashlane compare: error: {e}", file=sys.stderr)
+        return 2
+    print(res["markdown"])
+    print(f"simulated study: {out / 'compare.md'}")
     return 0

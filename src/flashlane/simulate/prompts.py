@@ -21,6 +21,7 @@ class PromptTokenizer:
     def __init__(self, tokenizer=None, vocab_size: int = 32000, source: str = ""):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
+        self._message_ids: dict[tuple[str, str], list[int]] = {}   # a replay resends every message each turn
         self.source = source or ("the model's tokenizer and chat template" if tokenizer is not None
                                  else "approximation: one id per whitespace-separated word")
 
@@ -35,7 +36,14 @@ class PromptTokenizer:
             return self.tokenizer.encode(text)
         ids: list[int] = []
         for m in messages:
-            ids += [self._word_id(f"<|{m.get('role', 'user')}|>")] * ROLE_IDS + self._words(_text(m))
+            key = (m.get("role", "user"), _text(m))
+            part = self._message_ids.get(key)
+            if part is None:
+                part = [self._word_id(f"<|{key[0]}|>")] * ROLE_IDS + self._words(key[1])
+                if len(self._message_ids) > 100_000:
+                    self._message_ids.clear()
+                self._message_ids[key] = part
+            ids += part
         return ids + [self._word_id("<|assistant|>")]
 
     def completion(self, prompt: str | list[int]) -> list[int]:

@@ -173,7 +173,8 @@ class CacheManager:
     # ---- keys and lookup -------------------------------------------------------------------------
     def block_keys(self, req, num_pages: int) -> list[bytes]:
         keys = self._held(req).block_keys
-        extend_keys(keys, req.all_token_ids[: num_pages * self.page_size], self.page_size, self._root)
+        if len(keys) < num_pages:   # (copying a long prompt's ids to find nothing new costs a waiting request each step)
+            extend_keys(keys, req.all_token_ids[: num_pages * self.page_size], self.page_size, self._root)
         return keys[:num_pages]
 
     def match(self, req) -> PrefixMatch:
