@@ -123,3 +123,16 @@ def test_a_trend_draws_one_sparkline_per_model_workload_and_point(db, capsys):
     assert "  █▇▁  tiny-flash agentic/small c2 (3 runs)" in lines
     assert "  ▁  smollm2-135m agentic/small c2 (1 run)" in lines
     assert out.count("(lower is better)") + out.count("(higher is better)") == 1
+
+
+def test_a_simulated_run_gets_its_own_sparkline_and_kind_filter(db, tmp_path, capsys):
+    """`flashlane simulate` records its runs as kind "simulate": they never continue the measured
+    series of the same model and point, and `--kind simulate` lists them alone."""
+    record_run(db, "simulate", write_point(tmp_path / "sim", summary(2000.0, 3.6, (3.6, 3.6), 7.2)))
+    assert main(["history", "--results-db", str(db), "--metric", "tasks_per_hour"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "  █▇▁  tiny-flash agentic/small c2 (3 runs)" in lines
+    assert "  ▁  tiny-flash simulated agentic/small c2 (1 run)" in lines
+    assert main(["history", "--results-db", str(db), "--kind", "simulate"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("| simulate ") == 1 and "| bench " not in out

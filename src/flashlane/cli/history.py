@@ -28,7 +28,8 @@ def add_parser(subparsers):
     p.add_argument("--model", default=None, help="only runs of this model")
     p.add_argument("--workload", default=None, help="only this workload, e.g. agentic/small")
     p.add_argument("--stack", default=None, help="only this serving stack (flashlane, vllm, ...) or target name")
-    p.add_argument("--kind", choices=("bench", "compare", "tune"), default=None, help="only this kind of run")
+    p.add_argument("--kind", choices=("bench", "compare", "tune", "simulate"), default=None,
+                   help="only this kind of run (simulate: `flashlane simulate` runs, in simulated time)")
     p.add_argument("--metric", default=None, help="show this metric's trend (e.g. tasks_per_hour)")
     p.add_argument("--limit", type=int, default=None, help="newest N runs only")
     sub = p.add_subparsers(dest="action", metavar="ACTION")
@@ -136,10 +137,13 @@ def trend(store, args) -> int:
 
 def trend_key(run, point) -> tuple[str, ...]:
     """What one sparkline follows: the model, the target within the run (a stack, a tune
-    configuration), the workload and the load point; runs of other targets get their own line."""
+    configuration), simulated or measured, the workload and the load point; runs of other targets
+    get their own line."""
     parts = [run.model or "?"]
     if point.target != run.model:
         parts.append(point.target)
+    if run.kind == "simulate":      # a simulation's figures never continue a measured series
+        parts.append("simulated")
     return (*parts, run.workload or "?", point.label)
 
 
