@@ -263,6 +263,10 @@ def run_simulated(args) -> int:
         print("flashlane compare: error: --simulate needs --hardware (e.g. h200x8); on this machine, measure "
               "instead (the simulation then runs beside each measured side)", file=sys.stderr)
         return 2
+    if args.concurrency and len(args.concurrency) > 1:
+        print("flashlane compare: error: --simulate studies one load point: give one --concurrency (run again "
+              "for another)", file=sys.stderr)
+        return 2
     log = (lambda m: print(m, file=sys.stderr)) if not args.no_progress else (lambda m: None)
     scale = args.scale or "large"
     out = Path(args.output_dir or time.strftime("flashlane-compare-%Y%m%d-%H%M%S"))

@@ -202,9 +202,9 @@ def engine_kwargs_of_flags(flags: list[str], where: str = "server flags") -> dic
         ns, unknown = p.parse_known_args(list(flags))
     except (argparse.ArgumentError, SystemExit) as exc:
         raise ValueError(f"{where}: {exc}") from None
-    unknown = [u for u in unknown if u.startswith("-")]
     if unknown:
-        raise ValueError(f"{where}: not an engine flag of `flashlane serve`: {' '.join(unknown)}")
+        raise ValueError(f"{where}: not an engine flag of `flashlane serve` (or a value without its flag): "
+                         f"{' '.join(unknown)}")
     return engine_kwargs(ns)
 
 

@@ -30,13 +30,17 @@ class PromptTokenizer:
         return self.tokenizer is not None
 
     def chat(self, messages: list[dict]) -> list[int]:
+        """Raises ValueError when the chat template cannot render the messages (a 400)."""
         if self.tokenizer is not None and getattr(self.tokenizer, "apply_chat_template", None) is not None:
-            text = self.tokenizer.apply_chat_template([{"role": m.get("role", "user"), "content": _text(m)}
-                                                      for m in messages], add_generation_prompt=True)
+            try:
+                text = self.tokenizer.apply_chat_template([{"role": _role(m), "content": _text(m)} for m in messages],
+                                                          add_generation_prompt=True)
+            except Exception as exc:     # jinja2's TemplateError and whatever a template raises
+                raise ValueError(f"the chat template cannot render these messages: {exc}") from exc
             return self.tokenizer.encode(text)
         ids: list[int] = []
         for m in messages:
-            key = (m.get("role", "user"), _text(m))
+            key = (_role(m), _text(m))
             part = self._message_ids.get(key)
             if part is None:
                 part = [self._word_id(f"<|{key[0]}|>")] * ROLE_IDS + self._words(key[1])
@@ -58,6 +62,11 @@ class PromptTokenizer:
 
     def _word_id(self, word: str) -> int:
         return 3 + zlib.crc32(word.encode()) % max(self.vocab_size - 3, 1)
+
+
+def _role(message: dict) -> str:
+    role = message.get("role", "user")
+    return "system" if role == "developer" else role    # as flashlane serve renders it
 
 
 def _text(message: dict) -> str:
@@ -85,8 +94,8 @@ def prompt_tokenizer(model: str, vocab_size: int) -> PromptTokenizer:
     path = Path(model).expanduser()
     if path.suffix == ".gguf" and path.is_file():
         return _gguf(path, vocab_size)
-    folder = path if path.is_dir() else path.parent
-    if (folder / "tokenizer.json").is_file():
+    folder = path if path.is_dir() else path.parent if path.name == "config.json" and path.is_file() else None
+    if folder is not None and (folder / "tokenizer.json").is_file():
         return PromptTokenizer(Tokenizer.from_folder(folder), vocab_size, f"{folder}/tokenizer.json")
     return PromptTokenizer(None, vocab_size)
 

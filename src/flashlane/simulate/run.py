@@ -11,6 +11,7 @@ simulated engine's step records, reports) and every reader of bench results read
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,6 +88,7 @@ class SimulatedServer:
         self.setup = setup
         self.engine = setup.engine()
         self.info = setup.server_info(self.engine)
+        self.clock = 0.0            # where the last run's virtual time stopped
         self._server: SimServer | None = None
 
     def _client(self) -> httpx.AsyncClient:
@@ -102,8 +104,15 @@ class SimulatedServer:
                                    "prompt_tokens": self.setup.prompts.source,
                                    "engine_args": _jsonable(self.setup.engine_args)},
                     "clock": "simulated seconds (virtual time)", "server_command": None}
-        return Harness(make_client=self._client, make_telemetry=self._telemetry,
-                       run=lambda coro: run_virtual(coro, start=self.engine.now), manifest=manifest)
+        return Harness(make_client=self._client, make_telemetry=self._telemetry, run=self._run, manifest=manifest)
+
+    def _run(self, coro):
+        async def timed():
+            try:
+                return await coro
+            finally:
+                self.clock = asyncio.get_running_loop().time()
+        return run_virtual(timed(), start=max(self.clock, self.engine.now))
 
 
 def simulate_bench(setup: SimSetup, cfg: BenchConfig, out_dir: Path | None = None,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..analyze.cache import cache_bytes
-from ..analyze.calibration import Calibration, load_calibration
+from ..analyze.calibration import MACHINE_KEYS, Calibration, load_calibration
 from ..analyze.gpu_step_cost import HardwareStepCost, HostAssumptions, ParallelLayout, parse_hardware_spec
 from ..analyze.memory import Layout, device_memory
 from ..analyze.models import resolve_model
@@ -71,9 +71,13 @@ def calibrated(model: str, calibration: str | Calibration, engine_args: dict,
     dispatch terms and the front end set to zero: only the op groups' time is left). Returns the
     setup and warnings (another machine than ``machine``, say)."""
     named = resolve_model(model)
-    cal, warnings = (calibration, []) if isinstance(calibration, Calibration) else load_calibration(
-        calibration, machine=machine, strict=False)
-    where = calibration if isinstance(calibration, str) else cal.model
+    if isinstance(calibration, Calibration):
+        cal = calibration
+        warnings = [f"machine {k}: the calibration has {cal.machine.get(k)!r}, this run has {machine[k]!r}"
+                    for k in MACHINE_KEYS if machine and k in machine and machine[k] != cal.machine.get(k)]
+    else:
+        cal, warnings = load_calibration(calibration, machine=machine, strict=False)
+    where = cal.model if isinstance(calibration, Calibration) else str(calibration)
     if cal.model != model:
         raise ValueError(f"calibration {where} is of model {cal.model!r}, not {model!r}")
     args = dict(engine_args)
@@ -128,8 +132,9 @@ def on_hardware(model: str, hardware: str, engine_args: dict, tp: int | None = N
     if not mem.fits:
         raise ValueError(f"{model} in {weight_dtype} does not fit {hardware}: {mem.weights / 1e9:.0f} GB of weights "
                          f"per device against {mem.usable / 1e9:.0f} GB usable")
-    args = {"max_num_batched_tokens": GPU_BATCHED_TOKENS, "max_num_seqs": GPU_MAX_NUM_SEQS, **engine_args,
-            "dtype": "bfloat16", "cache_memory": int(mem.free)}
+    # the cache gets what the weights leave unless the flags give a budget; activations are bf16
+    args = {"max_num_batched_tokens": GPU_BATCHED_TOKENS, "max_num_seqs": GPU_MAX_NUM_SEQS,
+            "cache_memory": int(mem.free), **engine_args, "dtype": "bfloat16"}
     return SimSetup(model, cfg, cost.seconds, args, prompt_tokenizer(model, cfg.vocab_size),
                     FrontEnd(source="not modelled on GPUs: zero front-end time assumed"),
                     devices=tuple([hw.name] * devices),

@@ -96,6 +96,12 @@ class SimEngine:
         self.scheduler.add(req)
         return req
 
+    def abort(self, request_id: str) -> None:
+        """End a request that has not finished (its client went away); nothing if it has."""
+        req = self.requests.pop(request_id, None)
+        if req is not None and not req.finished:
+            self.scheduler.finish(req, "abort", None)
+
     @property
     def has_work(self) -> bool:
         return self.scheduler.has_work

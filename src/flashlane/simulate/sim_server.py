@@ -100,11 +100,11 @@ class SimServer(httpx.AsyncBaseTransport):
 
     async def _generate(self, body: dict, chat: bool) -> httpx.Response:
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
-        if not isinstance(max_tokens, int) or max_tokens < 1:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             return _error(400, "the simulated server needs max_tokens >= 1 (outputs are fixed-length)", "max_tokens")
         try:
             prompt = self.prompts.chat(body["messages"]) if chat else self.prompts.completion(body["prompt"])
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, ValueError) as exc:
             return _error(400, f"cannot read the prompt: {exc}", "messages" if chat else "prompt")
         if not prompt or len(prompt) + max_tokens > self.engine.max_model_len:
             return _error(400, f"This model's maximum context length is {self.engine.max_model_len} tokens; the "
@@ -136,8 +136,9 @@ class SimServer(httpx.AsyncBaseTransport):
                    "choices": [], "usage": {"prompt_tokens": len(prompt), "completion_tokens": n,
                                             "total_tokens": len(prompt) + n,
                                             "prompt_tokens_details": {"cached_tokens": req.num_cached_tokens or 0}}}
-        finally:
+        finally:   # a client that went away frees its request at once, as flashlane serve does
             self._streams.pop(rid, None)
+            self.engine.abort(rid)
 
     async def _whole(self, events: AsyncIterator[dict], rid: str, chat: bool) -> dict:
         text, usage = "", None
