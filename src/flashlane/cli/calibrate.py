@@ -1,8 +1,8 @@
 """`flashlane calibrate MODEL`: fit the step-cost model of MODEL to this machine and engine mode.
 
 Runs the engine over a small grid (prefill chunk size x concurrency x prompt length, each prompt
-followed by a second turn that extends it, so prefill chunks after a cached prefix are measured
-too, and a few decode steps of every batch), reads the engine's own step records, fits
+followed by two turns that extend it by a short and a longer message, so small and large prefill
+chunks after a cached prefix are measured too, and a few decode steps of every batch), reads the engine's own step records, fits
 ``analyze.step_cost`` to their durations and writes the calibration JSON (machine, mode, grid,
 coefficients, residuals). The residuals are also reported 2-fold cross-validated: the fit on every
 other step predicts the steps it did not see.
@@ -22,6 +22,7 @@ DEFAULT_CHUNKS = (256, 2048)
 DEFAULT_BATCHES = (1, 4, 8)
 DEFAULT_CONTEXTS = (256, 1024, 4096)
 QUICK = {"chunks": (256,), "batches": (1, 4), "contexts": (128, 512)}
+FOLLOW_UP_TOKENS = (16, 256)
 
 
 def _ints(value: str) -> tuple[int, ...]:
@@ -69,7 +70,7 @@ def _grid_steps(args, chunk: int, seed: int):
     rng = random.Random(seed)
     vocab = llm.engine.config.vocab_size
     params = SamplingParams(max_tokens=args.decode_tokens, temperature=0, ignore_eos=True)
-    longest = llm.engine.max_model_len - 2 * args.decode_tokens - max(args.chunks)
+    longest = llm.engine.max_model_len - (1 + len(FOLLOW_UP_TOKENS)) * args.decode_tokens - sum(FOLLOW_UP_TOKENS)
     try:
         llm.generate([[rng.randrange(3, vocab)] * 8], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
         llm.engine.step_stats.clear()
@@ -78,10 +79,13 @@ def _grid_steps(args, chunk: int, seed: int):
                 ctx = min(ctx, longest)
                 prompts = [[rng.randrange(3, vocab) for _ in range(ctx)] for _ in range(batch)]
                 outs = llm.generate(prompts, params)
-                # the next turn: the prompt, the answer and a new message, after a cached prefix
-                follow = [p + list(o.token_ids) + [rng.randrange(3, vocab) for _ in range(min(chunk, 256))]
-                          for p, o in zip(prompts, outs)]
-                llm.generate(follow, params)
+                # the next turns: the prompt, the answer and a short then a longer new message, each
+                # after a cached prefix (an agent's turns: small prefill chunks, the checkpointed
+                # pieces of a hybrid's, cost far more per token than long ones)
+                for extra in FOLLOW_UP_TOKENS:
+                    prompts = [p + list(o.token_ids) + [rng.randrange(3, vocab) for _ in range(min(chunk, extra))]
+                               for p, o in zip(prompts, outs)]
+                    outs = llm.generate(prompts, params)
         return [r.to_json(with_ids=False) for r in llm.engine.step_stats], llm.engine.info.report(), llm.engine.config
     finally:
         llm.close()
