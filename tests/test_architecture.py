@@ -30,6 +30,8 @@ STEP_CALLERS = {
     ("engine/llm_engine.py", "LLMEngine._warm_up"): "compiling before serving",
     ("engine/profile_steps.py", "_timed_step"): "`flashlane profile` times fixed batches step by step",
     ("engine/profile_steps.py", "profile_steps"): "`flashlane profile` fills its batches before timing",
+    ("simulate/sim_server.py", "SimServer._loop"): "the simulator steps a SimEngine (the scheduler and cache "
+                                                   "manager in simulated time), never an LLMEngine",
 }
 
 

@@ -171,7 +171,7 @@ def test_an_external_stack_runs_end_to_end_on_wall_clock_figures(tmp_path):
     r = run_cli(["compare", "slow-model", "fast-model", "--stacks-file", str(tmp_path / "fake.toml"),
                  "--scale", "small", "--concurrency", "1", "--num-sessions", "1", "--output-dir", str(out)])
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "every stack runs an external server; no local calibration" in r.stderr
+    assert "every stack runs an external server; no simulation beside it, no profile" in r.stderr
     assert "both servers: dtype" not in r.stderr  # equal conditions are for `flashlane serve` only
     res = json.loads((out / "compare.json").read_text())
     assert [s["name"] for s in res["stacks"]] == ["fake-ext"]
@@ -182,4 +182,4 @@ def test_an_external_stack_runs_end_to_end_on_wall_clock_figures(tmp_path):
         assert cmd[:len(env) + 2] == env + [sys.executable, "tests/bench_fake_server.py"]
         assert "--dtype" not in cmd and json.loads((run / "summary.json").read_text())["errors"]["total"] == 0
         point = res["points"][f"fake-ext/{model}"][0]
-        assert point["measured"]["tasks"] == 1 and point["attribution"] is None and point["predicted"] is None
+        assert point["measured"]["tasks"] == 1 and point["attribution"] is None and point["simulated"] is None
