@@ -31,6 +31,7 @@ from ..bench.stats import keyed_ratio
 from ..simulate.rounds import replay_rounds, round_controls
 from ..simulate.run import BASE_URL, SimulatedServer
 from ..simulate.setup import calibrated
+from .calibrate import FOLLOW_UP_TOKENS
 from .engine_flags import engine_kwargs_of_flags, flags_of_engine_kwargs
 
 # the calibration grid compare runs when no calibration of this machine and mode is cached:
@@ -111,7 +112,8 @@ class LocalSimulator:
         key = (model, *(str(mode[k]) for k in MODE_KEYS))
         if key in self._cals:
             return self._cals[key]
-        tag = hashlib.sha256(json.dumps([self.machine["cpu_model"], self.machine["cpu_capability"], mode, self.grid],
+        grid = [*CALIBRATION_GRIDS[self.grid], *FOLLOW_UP_TOKENS]     # a changed grid is calibrated anew
+        tag = hashlib.sha256(json.dumps([self.machine["cpu_model"], self.machine["cpu_capability"], mode, grid],
                                         sort_keys=True).encode()).hexdigest()[:12]
         path = self.cache_dir / f"{safe_name(model)}-{tag}.json"
         cal = self._load(path, mode)
