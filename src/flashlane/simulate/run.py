@@ -2,9 +2,10 @@
 reports, against a simulated server instead of a real one.
 
 A ``SimSetup`` says what is simulated: the model's config, the engine arguments the server would
-run with, the step-cost model, the front end's host time and the prompt tokenizer. Each load point
-gets a fresh ``SimServer`` on a virtual-time event loop (``virtual_time``), reached through an
-in-memory HTTP transport; the bench client, the load generator and the metrics are unchanged, so
+run with, the step-cost model, the front end's host time and the prompt tokenizer. A
+``SimulatedServer`` keeps one engine across the load points (or rounds) run against it; each run
+gets a ``SimServer`` on a virtual-time event loop (``virtual_time``) that starts where the last
+one stopped, reached through an in-memory HTTP transport; the bench client, the load generator and the metrics are unchanged, so
 the run folder has bench's schema (manifest, requests, sessions, summary, telemetry with the
 simulated engine's step records, reports) and every reader of bench results reads it.
 """
