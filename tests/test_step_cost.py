@@ -76,7 +76,8 @@ def test_fit_recovers_the_coefficients_that_made_the_steps(name):
     work = StepWork(_cfg(name))
     rng = random.Random(7)
     truth = {"t_step": 2e-3, "t_seq": 1e-4, "t_dispatch_seq_layer": 3e-5, "t_dispatch_expert": 2e-5,
-             "c_weights": 4.0, "c_experts": 6.0, "c_attention": 9.0, "c_recurrence": 12.0, "c_head": 3.0}
+             "c_weights": 4.0, "c_experts": 6.0, "c_attention": 9.0, "c_attention_decode": 5.0, "c_recurrence": 12.0,
+             "c_head": 3.0}
     made = StepCostModel(work, 2e11, 5e10, truth)
     shapes = _shapes(rng, 300)
     seconds = [made.seconds(s) for s in shapes]
@@ -202,3 +203,15 @@ def test_a_calibration_from_a_newer_schema_or_missing_fields_is_refused(tmp_path
     p.write_text("not json")
     with pytest.raises(ValueError, match="cannot read"):
         load_calibration(p)
+
+
+@pytest.mark.parametrize("name", ["tiny-flash", "tiny-standard", "smollm2-135m"])
+def test_the_fitted_groups_split_attention_into_prefill_and_decode_and_sum_to_the_groups(name):
+    work = StepWork(_cfg(name))
+    shape = StepShape(prefill=((300, 700), (64, 0)), decode=(5, 900, 3000))
+    whole, split = work.groups(shape), work.fitted_groups(shape)
+    assert split["attention"].flops + split["attention_decode"].flops == pytest.approx(whole["attention"].flops)
+    assert split["attention"].bytes + split["attention_decode"].bytes == pytest.approx(whole["attention"].bytes)
+    decode_only = work.groups(StepShape(decode=shape.decode))["attention"]
+    assert split["attention_decode"].flops == pytest.approx(decode_only.flops) and decode_only.flops > 0
+    assert work.fitted_groups(StepShape(prefill=((64, 0),)))["attention_decode"].bytes == 0.0

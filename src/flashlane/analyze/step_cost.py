@@ -16,7 +16,8 @@ experts, mHC), ``experts`` (routed experts: FLOPs of the chosen ones, bytes of t
 the step touches under uniform routing), ``attention`` (indexer scoring, sparse MLA over the
 selected rows, dense attention; bytes of the cache rows read and written), ``recurrence`` (the
 KDA recurrence and short conv; bytes of the state read and written), ``head`` (the LM head for the
-rows that get logits). Structural op counts (dispatches a step issues beyond a fixed number per
+rows that get logits); the fitted model prices the attention of prefill chunks and of decode rows
+with a coefficient each. Structural op counts (dispatches a step issues beyond a fixed number per
 step): one per layer per prefill sequence (per-sequence work in the mixers) and a few per distinct
 routed expert per MoE layer.
 """
@@ -35,8 +36,12 @@ from .memory import component_bytes
 from .params import count_params, expert_params
 
 GROUPS = ("weights", "experts", "attention", "recurrence", "head")
+# the fitted model prices a step's attention for prefill chunks and for decode rows apart: on a CPU
+# one is compute-bound matmul work and the other a gather over the cache, whose efficiencies differ
+# several-fold (one coefficient for both made SmolLM2's decode 30% off)
+FITTED_GROUPS = ("weights", "experts", "attention", "attention_decode", "recurrence", "head")
 # coefficient names, in the order of ``features``
-TERMS = ("t_step", "t_seq", "t_dispatch_seq_layer", "t_dispatch_expert") + tuple(f"c_{g}" for g in GROUPS)
+TERMS = ("t_step", "t_seq", "t_dispatch_seq_layer", "t_dispatch_expert") + tuple(f"c_{g}" for g in FITTED_GROUPS)
 OPS_PER_EXPERT = 4          # gate/up matmul, activation, down matmul, weighted scatter
 
 
@@ -160,6 +165,19 @@ class StepWork:
             "head": GroupWork(logit_rows * self._head_flops, self._head_bytes),
         }
 
+    def fitted_groups(self, shape: StepShape) -> dict[str, GroupWork]:
+        """``groups`` with the attention of the decode rows apart from the prefill chunks'
+        (``FITTED_GROUPS``; the two attention parts sum to ``groups``' attention)."""
+        out = self.groups(shape)
+        decode = GroupWork(0.0, 0.0)
+        if shape.decode:
+            flops, nbytes, _ = self._attention(StepShape(decode=shape.decode))
+            decode = GroupWork(flops, nbytes)
+        whole = out["attention"]
+        out["attention"] = GroupWork(whole.flops - decode.flops, whole.bytes - decode.bytes)
+        out["attention_decode"] = decode
+        return out
+
     def op_counts(self, shape: StepShape) -> tuple[float, float]:
         """(per-sequence-per-layer dispatches, per-expert dispatches) beyond the fixed ones."""
         return (len(shape.prefill) * self.cfg.num_layers,
@@ -167,9 +185,9 @@ class StepWork:
 
     def features(self, shape: StepShape, peak_flops: float, mem_bw: float) -> list[float]:
         """The regressors of ``TERMS`` for one step (seconds for the group terms)."""
-        groups = self.groups(shape)
+        groups = self.fitted_groups(shape)
         per_seq_layer, per_expert = self.op_counts(shape)
-        roof = [max(g.flops / peak_flops, g.bytes / mem_bw) for g in (groups[n] for n in GROUPS)]
+        roof = [max(g.flops / peak_flops, g.bytes / mem_bw) for g in (groups[n] for n in FITTED_GROUPS)]
         return [1.0, float(shape.num_seqs), per_seq_layer, per_expert, *roof]
 
 
