@@ -93,7 +93,7 @@ def smollm2_part(quick: bool, work: Path, log) -> dict:
     t0 = time.monotonic()
     extra, conditions = equal_conditions([], log)
     flags = extra + SMOLLM2_FLAGS
-    sim = LocalSimulator(extra, work / "smollm2", log=log, grid="quick" if quick else "compare")
+    sim = LocalSimulator(extra, work / "smollm2", log=log, grid="quick" if quick else "compare", max_batch=8)
     args = sim.engine_args(SMOLLM2_FLAGS)
     cal, cal_path = sim.calibration(SMOLLM2, args)
     if cal is None:

@@ -185,3 +185,13 @@ def test_compare_simulate_refuses_what_it_cannot_study(tmp_path, capsys, argv, n
     rc, _, stderr = _cli(capsys, ["compare", *argv, *SMALL, "--num-sessions", "1", "--output-dir", str(out)])
     assert rc == 2 and "error" in stderr and all(n in stderr for n in named), stderr
     assert not (out / "compare.json").exists()
+
+
+def test_compare_calibration_grid_reaches_the_concurrency_it_simulates():
+    from flashlane.cli.compare_simulation import CALIBRATION_GRIDS, grid_args
+
+    assert grid_args("compare") == CALIBRATION_GRIDS["compare"]          # concurrency 1: the grid as it is
+    assert grid_args("compare", 4) == CALIBRATION_GRIDS["compare"]
+    wide = grid_args("compare", 8)
+    assert wide[wide.index("--batches") + 1] == "1,4,8" and CALIBRATION_GRIDS["compare"][3] == "1,4"
+    assert grid_args("quick", 8) == ["--quick"]

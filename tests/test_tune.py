@@ -155,6 +155,19 @@ def test_default_space_follows_the_serve_flags_that_exist():
     assert old.knobs[1].when == {} and old.knobs[2].choices == (None, "int8")
 
 
+def test_speculative_knob_passes_its_json_to_serve():
+    from flashlane.cli.engine_flags import engine_kwargs_of_flags
+
+    knob = {k.name: k for k in flashlane_space(cpu_count=4).knobs}["num_speculative_tokens"]
+    assert knob.default is None and knob.cli_args(None) == []
+    kw = engine_kwargs_of_flags(knob.cli_args(3))
+    assert kw["speculative_config"]["num_speculative_tokens"] == 3
+    offered = flashlane_space(cpu_count=4, offered={"--max-num-seqs": None, "--speculative-config": None})
+    assert offered.names == ["max_num_seqs", "num_speculative_tokens"]
+    with pytest.raises(ValueError, match="flag_value"):
+        parse_space({"knobs": {"k": {"type": "int", "low": 1, "high": 4, "default": 1, "flag_value": "--k"}}})
+
+
 def test_slo_parsing_and_improvement_ci():
     s = parse_slo("ttft_p90<=500ms")
     assert (s.metric, s.op, s.bound) == ("ttft_p90", "<=", 0.5) and s.violation(0.25) < 0 < s.violation(1.0)

@@ -139,6 +139,12 @@ class CacheSpec:
     def bytes_per_slot(self, dtype: str = "bfloat16") -> int:
         return self._unit_bytes("slot", dtype)
 
+    def draft_rollback_bytes_per_sequence(self, dtype: str = "bfloat16") -> int:
+        """Speculative decoding: the state a running sequence keeps aside while its drafts are
+        verified (one more state row, whatever the number of drafts: rejected drafts are rolled
+        back by restoring it and replaying the accepted tokens)."""
+        return self.bytes_per_slot(dtype)
+
     def latent_bytes_per_token(self, dtype: str = "bfloat16") -> int:
         return self._unit_bytes("page", dtype, ("latent",)) // self.page_size
 

@@ -70,6 +70,7 @@ class CacheBytes:
     state_recurrent: int                  # per sequence, fp32
     state_conv: int                       # per sequence, model dtype
     state_index_tail: int                 # per sequence, model dtype
+    draft_rollback: int = 0               # per running sequence with speculative decoding on
 
     def per_token(self, fmt: str) -> float:
         return self.latent_per_token[fmt] + self.index_per_token[fmt]
@@ -110,6 +111,7 @@ def cache_bytes(cfg: ModelConfig, model_dtype: str = "bfloat16") -> CacheBytes:
         state_recurrent=spec.recurrent_bytes_per_sequence(),
         state_conv=spec.conv_bytes_per_sequence(model_dtype),
         state_index_tail=spec.tail_bytes_per_sequence(model_dtype),
+        draft_rollback=spec.draft_rollback_bytes_per_sequence(model_dtype),
     )
 
 

@@ -75,6 +75,7 @@ def analyze_model(model: NamedConfig, setup: Setup, task: TaskProfile, opts: Opt
             "bytes_per_sequence": cache.state_per_sequence,
             "kda_recurrent": cache.state_recurrent, "kda_conv": cache.state_conv,
             "index_tail": cache.state_index_tail,
+            "speculative_rollback_bytes_per_sequence": cache.draft_rollback,
         },
         "flops": {
             "attention_per_token": {k: f.attention for k, f in flops.items()},

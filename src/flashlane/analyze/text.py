@@ -100,6 +100,8 @@ def _cache_and_state(t: _Table, kv: str):
         t.add(f"    pool {pool} bytes/token {kv}",
               lambda m, pool=pool: m["cache"]["pool_bytes_per_token"][kv].get(pool, 0), fmt_bytes)
     t.add("state bytes/sequence", lambda m: m["state"]["bytes_per_sequence"], fmt_bytes)
+    t.add("+ speculative rollback/sequence", lambda m: m["state"]["speculative_rollback_bytes_per_sequence"],
+          fmt_bytes)
 
 
 def _flops(t: _Table, ctxs: list[str]):

@@ -221,7 +221,8 @@ def run(args) -> int:
                     "no simulation beside them")
             else:
                 from .compare_simulation import LocalSimulator
-                simulator = LocalSimulator(extra_args, out, log=log, grid=args.calibration_grid)
+                simulator = LocalSimulator(extra_args, out, log=log, grid=args.calibration_grid,
+                                           max_batch=max(cfg.concurrency))
             profile = None if args.no_profile else attr.make_profiler(out, log=log)
         res = run_compare(args.a, args.b, cfg, out, template=args.serve_command,
                           extra_args=extra_args, startup_timeout_s=args.startup_timeout, log=log,

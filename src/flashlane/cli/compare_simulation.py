@@ -39,6 +39,19 @@ from .engine_flags import engine_kwargs_of_flags, flags_of_engine_kwargs
 CALIBRATION_GRIDS = {"compare": ["--chunks", "512,2048", "--batches", "1,4", "--contexts", "512,2048,8192"],
                      "quick": ["--quick"]}
 CALIBRATION_TIMEOUT_S = 3600.0
+
+
+def grid_args(grid: str, max_batch: int = 1) -> list[str]:
+    """``calibrate``'s arguments for a named grid, its decode batches reaching ``max_batch`` (the
+    highest concurrency the simulated workload runs at: a fit never extrapolates in batch)."""
+    args = list(CALIBRATION_GRIDS[grid])
+    if "--batches" in args:
+        i = args.index("--batches") + 1
+        batches = {int(b) for b in args[i].split(",")} | {max_batch}
+        args[i] = ",".join(str(b) for b in sorted(batches))
+    return args
+
+
 MODE_KEYS = ("dtype", "kv_cache_dtype", "quantization", "compile", "num_threads")
 
 
@@ -84,7 +97,7 @@ def per_step_error(cal: Calibration, model: str, run_dirs: list[Path]) -> dict |
 
 class LocalSimulator:
     def __init__(self, serve_args: list[str], out_dir: Path, log=print, cache_dir: Path | None = None,
-                 grid: str = "compare"):
+                 grid: str = "compare", max_batch: int = 1):
         from ..machine import machine_info
 
         self.serve_args = list(serve_args)      # equal conditions (+ --serve-arg), before each stack's flags
@@ -92,7 +105,7 @@ class LocalSimulator:
         self.log = log
         if grid not in CALIBRATION_GRIDS:
             raise ValueError(f"calibration grid: expected one of {', '.join(CALIBRATION_GRIDS)}, got {grid!r}")
-        self.grid = grid
+        self.grid_args = grid_args(grid, max_batch)
         self.cache_dir = Path(cache_dir) if cache_dir else presets.cache_dir() / "calibrations"
         self.machine = machine_info()
         self.defaults = engine_kwargs_of_flags([])
@@ -112,7 +125,7 @@ class LocalSimulator:
         key = (model, *(str(mode[k]) for k in MODE_KEYS))
         if key in self._cals:
             return self._cals[key]
-        grid = [*CALIBRATION_GRIDS[self.grid], *FOLLOW_UP_TOKENS]     # a changed grid is calibrated anew
+        grid = [*self.grid_args, *FOLLOW_UP_TOKENS]     # a changed grid is calibrated anew
         tag = hashlib.sha256(json.dumps([self.machine["cpu_model"], self.machine["cpu_capability"], mode, grid],
                                         sort_keys=True).encode()).hexdigest()[:12]
         path = self.cache_dir / f"{safe_name(model)}-{tag}.json"
@@ -143,7 +156,7 @@ class LocalSimulator:
     def _calibrate(self, model: str, mode: dict, path: Path) -> Calibration | None:
         path.parent.mkdir(parents=True, exist_ok=True)
         flags = flags_of_engine_kwargs({k: v for k, v in mode.items() if v is not None})
-        cmd = [sys.executable, "-m", "flashlane.cli.main", "calibrate", model, *flags, *CALIBRATION_GRIDS[self.grid],
+        cmd = [sys.executable, "-m", "flashlane.cli.main", "calibrate", model, *flags, *self.grid_args,
                "--out", str(path)]
         self.log(f"calibrating {model} for the simulation: {' '.join(cmd[3:])}")
         try:

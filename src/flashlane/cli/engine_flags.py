@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -44,6 +45,15 @@ def _positive_bytes(value: str) -> int:
     if v == 0:
         raise argparse.ArgumentTypeError("must be > 0 bytes")
     return v
+
+
+def _speculative(value: str) -> dict:
+    from ..engine.speculative import SpeculativeConfig
+
+    try:
+        return SpeculativeConfig.parse(value).as_dict()
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _share(value: str) -> float:
@@ -151,6 +161,13 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    default=d.disk_load_timeout_s,
                    help="seconds a disk-tier load may take before it is given up and that part of the prompt "
                         f"is recomputed (default: {d.disk_load_timeout_s:g})")
+    g = p.add_argument_group("speculative decoding")
+    g.add_argument("--speculative-config", type=_speculative, default=None, metavar="JSON",
+                   help='draft tokens verified in one step, as vLLM names it: {"method": "ngram", '
+                        '"num_speculative_tokens": K, "prompt_lookup_min": 1, "prompt_lookup_max": 4} (n-gram '
+                        "prompt lookup, verified greedily or by rejection sampling; requests with logprobs or a "
+                        "grammar decode without drafts; hybrid models roll rejected drafts back from a second "
+                        "state row per slot; default: off)")
     g = p.add_argument_group("static-graph decode")
     g.add_argument("--compile", action="store_true",
                    help="compile the model's decode step once per batch-size bucket with torch.compile "
@@ -185,7 +202,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         "kv_cache_dtype", "index_topk",
         "skip_tokenizer_init", "kernel_backend",
         "enable_prefix_caching", "checkpoint_share", "host_cache_memory", "disk_cache_dir", "disk_cache_bytes",
-        "disk_load_timeout_s")}
+        "disk_load_timeout_s", "speculative_config")}
 
 
 def _flags_parser() -> argparse.ArgumentParser:
@@ -221,6 +238,8 @@ def flags_of_engine_kwargs(kwargs: dict) -> list[str]:
             out.append(flag if value else "--no-" + flag[2:])
         elif isinstance(action, argparse._StoreTrueAction):
             out += [flag] if value else []
+        elif isinstance(value, dict):
+            out += [flag, json.dumps(value, separators=(",", ":"))]
         elif isinstance(value, (tuple, list)):
             out += [flag, ",".join(map(str, value))]
         else:

@@ -44,6 +44,7 @@ class EngineArgs:
     static_batch_size: int = 32          # static: requests per batch, taken in arrival order
     step_log_size: int = 100_000         # engine step records kept (ring buffer; /debug/steps)
     kernel_backend: str = "auto"         # kernels the model ops run on: auto (chosen for the device) | a name
+    speculative_config: dict | str | None = None   # {"method": "ngram", "num_speculative_tokens": k, ...}; None = off
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineArgs":
@@ -98,6 +99,13 @@ class EngineArgs:
             raise ValueError("host_cache_memory / disk_cache_dir are tiers of the prefix cache: "
                              "they need enable_prefix_caching")
         self._check_kernel_backend()
+        self.speculative()      # ValueError naming the speculative_config field
+
+    def speculative(self):
+        """The parsed ``speculative_config`` (None: speculative decoding off)."""
+        from .speculative import SpeculativeConfig
+
+        return SpeculativeConfig.parse(self.speculative_config)
 
     def _check_kernel_backend(self) -> None:
         from ..kernels.backends import select_backend   # torch and the kernels: only when validating

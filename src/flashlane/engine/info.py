@@ -50,6 +50,9 @@ class EngineInfo:
     compiled_decode: dict | None = None
     # the kernel backend every model op runs on: {"name", "description"} (engine arg kernel_backend)
     kernel_backend: dict | None = None
+    # speculative decoding: the parsed speculative_config plus "rollback_rows" and "rollback_bytes"
+    # (a state row per slot for stateful models); None = off
+    speculative: dict | None = None
 
     # fields of the info that are not part of the start-up report (kept as it always was)
     _NOT_REPORTED = ("vocab_size", "quantization_summary")
@@ -88,7 +91,16 @@ class EngineInfo:
                 f"{self.num_pages} pages x {self.page_size} = {self.num_tokens} tokens ({pools} = "
                 f"{sum(self.pool_bytes_per_token.values()):g} B/token), {self.num_state_slots} state slots "
                 f"x {self.bytes_per_slot} B; max_running={self.max_running}, max_model_len={self.max_model_len}; "
-                + topk + self._describe_prefix_cache())
+                + topk + self._describe_prefix_cache() + self._describe_speculative())
+
+    def _describe_speculative(self) -> str:
+        s = self.speculative
+        if not s:
+            return ""
+        rollback = (f"rollback {s['rollback_rows']} state rows = {s['rollback_bytes'] / 2**20:.2f} MiB"
+                    if s["rollback_rows"] else "rollback: pages only (no per-sequence state)")
+        return (f"; speculative decoding {s['method']} k={s['num_speculative_tokens']} "
+                f"(n-gram {s['prompt_lookup_min']}-{s['prompt_lookup_max']}), {rollback}")
 
     def _describe_prefix_cache(self) -> str:
         if not self.prefix_caching:

@@ -62,6 +62,7 @@ class LLMEngine:
         self.step_stats = StepLog(args.step_log_size)
         self._num_steps = 0
         self.counters: Counter = Counter()
+        self.spec_counters: Counter = Counter()
         self.finish_reasons: Counter = Counter()
         self.info = self._engine_info(spec, plan, max_running, loaded_here)
         log.info(self.describe_weights())
@@ -102,7 +103,8 @@ class LLMEngine:
         plan = plan_cache(spec, self.dtype, args.cache_memory, args.max_num_seqs,
                           args.num_pages, args.num_slots, args.device,
                           checkpoint_share=args.checkpoint_share if args.enable_prefix_caching else 0.0,
-                          num_checkpoints=args.num_checkpoints if args.enable_prefix_caching else 0)
+                          num_checkpoints=args.num_checkpoints if args.enable_prefix_caching else 0,
+                          draft_rollback=args.speculative() is not None)
         fingerprint = f"{self.model_name}|{self.config.arch}|{self._dtype_name()}|index_topk={self.index_topk}"
         if args.disk_cache_dir:
             fingerprint += "|" + weights_fingerprint(self.model)
@@ -148,7 +150,15 @@ class LLMEngine:
                           and torch.device(args.device).type == "cpu" else None),
             num_threads=torch.get_num_threads(),
             kernel_backend={"name": self.ops.name, "description": self.ops.describe()},
+            speculative=self._speculative_info(plan),
         )
+
+    def _speculative_info(self, plan: CachePlan) -> dict | None:
+        spec = self.args.speculative()
+        if spec is None:
+            return None
+        return {**spec.as_dict(), "rollback_rows": plan.num_draft_rows,
+                "rollback_bytes": plan.num_draft_rows * plan.bytes_per_slot}
 
     def _warm_up(self) -> None:
         """Compile before serving: torch.compile specialises one token vs many on first use, and
@@ -161,6 +171,7 @@ class LLMEngine:
         self.step_stats.clear()
         self._num_steps = 0
         self.counters.clear()
+        self.spec_counters.clear()
         self.finish_reasons.clear()
         self.scheduler.num_preemptions = 0
         for k in self.cache.counters:
@@ -254,15 +265,26 @@ class LLMEngine:
         results = self.runner.run(sched)
         now = time.monotonic()
         progress = self.scheduler.update_from_output(sched, results)
+        if progress.accepted:
+            self._count_drafts(progress)
         deltas = [self._delta(req, n, now) for req, n in progress.sampled]
         for d in deltas:
             if d.finished:
                 self._retire(self.requests[d.request_id], d)
-        self._record_step(sched, wall_start, start, now - model_start, progress.prefill_tokens,
-                          progress.decode_seqs, cached)
+        self._record_step(sched, wall_start, start, now - model_start, progress, cached)
         self.counters["prompt_tokens"] += progress.prefill_tokens
         self.counters["generation_tokens"] += sum(n for _, n in progress.sampled)
         return deltas
+
+    def _count_drafts(self, progress) -> None:
+        """Speculative decoding counters (vLLM's): drafts verified, accepted, accepted by position."""
+        c = self.spec_counters
+        c["spec_drafts"] += len(progress.accepted)
+        c["spec_draft_tokens"] += progress.drafted
+        c["spec_accepted_tokens"] += sum(progress.accepted)
+        for n in progress.accepted:
+            for pos in range(n):
+                c[f"spec_accepted_pos{pos}"] += 1
 
     def _delta(self, req: Request, num_new: int, now: float) -> RequestDelta:
         """What ``req`` gained this step: its last ``num_new`` tokens (and the rest on its first)."""
@@ -272,6 +294,7 @@ class LLMEngine:
         return RequestDelta(
             req.request_id, ids, logprobs, now, req.finish_reason, req.stop_reason,
             num_cached_tokens=req.num_cached_tokens or 0, num_preemptions=req.metrics.num_preemptions,
+            num_draft_tokens=req.metrics.num_draft_tokens, num_accepted_tokens=req.metrics.num_accepted_tokens,
             first_scheduled_time=req.metrics.first_scheduled_time if first else None,
             prompt_logprobs=req.prompt_logprobs if first else None)
 
@@ -280,24 +303,25 @@ class LLMEngine:
         del self.requests[req.request_id]
         return delta
 
-    def _record_step(self, sched, wall_start: float, start: float, model_s: float, prefill_tokens: int,
-                     decode_seqs: int, cached: tuple[int, ...]) -> None:
+    def _record_step(self, sched, wall_start: float, start: float, model_s: float, progress,
+                     cached: tuple[int, ...]) -> None:
         usage = self.cache.usage()
         self._num_steps += 1
         self.step_stats.append(StepRecord(
             step=self._num_steps, start=wall_start, end=wall_start + (time.monotonic() - start),
             start_monotonic=start, model_s=model_s,
             sample_s=self.runner.last_sample_s, num_seqs=len(sched.seqs), num_tokens=sched.num_tokens,
-            prefill_tokens=prefill_tokens, decode_tokens=sched.num_tokens - prefill_tokens,
-            decode_seqs=decode_seqs, num_running=self.num_running, num_waiting=self.num_waiting,
+            prefill_tokens=progress.prefill_tokens, decode_tokens=sched.num_tokens - progress.prefill_tokens,
+            decode_seqs=progress.decode_seqs, num_running=self.num_running, num_waiting=self.num_waiting,
             num_preempted=len(sched.preempted), pages_used=usage["pages_used"], slots_used=usage["slots_used"],
             request_ids=tuple(s.req.request_id for s in sched.seqs),
-            seq_new_tokens=tuple(s.num_new for s in sched.seqs), seq_cached_tokens=cached))
+            seq_new_tokens=tuple(s.num_new for s in sched.seqs), seq_cached_tokens=cached,
+            draft_tokens=progress.drafted, accepted_tokens=sum(progress.accepted)))
 
     def stats(self) -> dict:
         return {"running": self.num_running, "waiting": self.num_waiting,
                 "preemptions": self.scheduler.num_preemptions, **self.cache.usage(), **self.cache.prefix_stats(),
-                **{f"tokens_{k}": v for k, v in self.counters.items()}}
+                **{f"tokens_{k}": v for k, v in self.counters.items()}, **self.spec_counters}
 
     def snapshot(self) -> dict:
         """``stats()`` plus the finish-reason counts: what a server's /metrics reads, between steps."""

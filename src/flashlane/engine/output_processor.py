@@ -83,6 +83,8 @@ class OutputProcessor:
         if delta.prompt_logprobs is not None:
             s.prompt_logprobs = delta.prompt_logprobs
         m.num_preemptions = delta.num_preemptions
+        m.num_draft_tokens = delta.num_draft_tokens
+        m.num_accepted_tokens = delta.num_accepted_tokens
         new_ids = delta.token_ids
         if new_ids:
             if m.first_token_time is None:

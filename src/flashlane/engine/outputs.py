@@ -23,6 +23,8 @@ class RequestDelta:
     stop_reason: int | None = None                # the stop token id that ended it
     num_cached_tokens: int = 0                    # prompt tokens the prefix cache supplied
     num_preemptions: int = 0
+    num_draft_tokens: int = 0                     # speculative decoding, so far: drafts verified
+    num_accepted_tokens: int = 0                  # and accepted
     first_scheduled_time: float | None = None     # on a request's first delta
     prompt_logprobs: list[dict[int, float] | None] | None = None   # on a request's first delta
 

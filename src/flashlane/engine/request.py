@@ -28,6 +28,8 @@ class RequestMetrics:
     token_times: list[float] = field(default_factory=list)
     finish_time: float | None = None
     num_preemptions: int = 0
+    num_draft_tokens: int = 0        # speculative decoding: drafts verified for this request
+    num_accepted_tokens: int = 0     # and accepted
 
     @property
     def ttft(self) -> float | None:

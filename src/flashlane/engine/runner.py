@@ -8,18 +8,20 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels.backends import KernelBackend
-from ..kernels.sampling import sample, topk_logprobs
+from ..kernels.sampling import sample, sampling_probs, topk_logprobs
 from ..models.forward_batch import ForwardBatch
 from ..trace_ranges import profiling_range
 from .cache.manager import CacheManager
 from .compiled_decode import CompiledDecode
 from .scheduler import SchedulerOutput
+from .speculative import accept_greedy, accept_sampled
 from .structured_output import Grammars
 
 
 @dataclass
 class SeqResult:
     token: int | None = None
+    tokens: list[int] | None = None     # a verified draft: the accepted drafts, then the model's next token
     logprobs: dict[int, float] | None = None
     prompt_logprobs: list[dict[int, float]] | None = None
     prompt_logprob_rows: torch.Tensor | None = None   # LLM.score: this step's full fp32 prompt rows
@@ -47,14 +49,39 @@ class ModelRunner:
         new_tokens, starts, tables, slots = [], [], [], []
         for s in seqs:
             c = s.req.num_computed_tokens
-            new_tokens.append(s.req.all_token_ids[c: c + s.num_new])
+            new_tokens.append(s.req.all_token_ids[c: c + s.num_known] + s.draft)
             starts.append(c)
             tables.append(self.cache.block_table(s.req))
             slots.append(self.cache.state_slot(s.req))
+        drafting = [b for b, s in enumerate(seqs) if s.draft]
+        kept = {}
+        if drafting and self.cache.stateful:      # the state before the drafts, for a rollback
+            for b in drafting:
+                kept[b] = self.cache.draft_row(seqs[b].req)
+                self.cache.snapshots.copy(slots[b], kept[b])
         batch = ForwardBatch.build(new_tokens, starts, tables, slots, self.cache.tensors, self.index_topk,
                                    ops=self.ops)
         hidden = self.model(batch)
-        return self._timed_sample(seqs, starts, batch.cu_q.tolist(), hidden)
+        results = self._timed_sample(seqs, starts, batch.cu_q.tolist(), hidden)
+        if kept:
+            self._roll_back(seqs, results, new_tokens, starts, tables, slots, kept)
+        return results
+
+    def _roll_back(self, seqs, results, new_tokens, starts, tables, slots, kept: dict[int, int]) -> None:
+        """Sequences that rejected drafts get their state back from before the verify step and
+        recompute the tokens they kept (one forward for all of them): every state row then
+        holds exactly what a run without drafts would. Pages need nothing: the rows past the
+        accepted tokens are simply overwritten later."""
+        replay = [b for b in kept if len(results[b].tokens) - 1 < len(seqs[b].draft)]
+        if not replay:
+            return
+        for b in replay:
+            self.cache.snapshots.copy(kept[b], slots[b])
+        keep = [new_tokens[b][: seqs[b].num_known + len(results[b].tokens) - 1] for b in replay]
+        batch = ForwardBatch.build(keep, [starts[b] for b in replay], [tables[b] for b in replay],
+                                   [slots[b] for b in replay], self.cache.tensors, self.index_topk, ops=self.ops)
+        with profiling_range("draft_rollback"):
+            self.model(batch)
 
     def _run_compiled(self, seqs) -> list[SeqResult]:
         starts = [s.req.num_computed_tokens for s in seqs]
@@ -71,11 +98,23 @@ class ModelRunner:
         self.last_sample_s = time.monotonic() - t0
         return out
 
+    def _verify(self, req, draft: list[int], logits: torch.Tensor) -> list[int]:
+        """The tokens a request gains from its verified drafts (``logits``: 1 + drafts rows)."""
+        p = req.params
+        if p.greedy:
+            return accept_greedy(draft, logits.argmax(dim=-1).tolist())
+        n = logits.shape[0]
+        probs = sampling_probs(logits, torch.full((n,), float(p.temperature)), torch.full((n,), p.top_k),
+                               torch.full((n,), float(p.top_p)), torch.full((n,), float(p.min_p)))
+        uniforms = torch.rand((n, 2), generator=req.generator if req.generator is not None else self.generator)
+        return accept_sampled(probs, draft, uniforms)
+
     def _sample(self, seqs, starts: list[int], cu: list[int], hidden: torch.Tensor) -> list[SeqResult]:
         # rows whose logits we need: the last token of sampling sequences, and prompt positions
         # of requests that asked for prompt logprobs
         rows: list[int] = []
         sample_row: dict[int, int] = {}
+        verify_rows: dict[int, int] = {}          # a sequence with drafts: its first row (1 + drafts rows)
         prompt_rows: dict[int, tuple[int, list[int]]] = {}
         for b, s in enumerate(seqs):
             req = s.req
@@ -87,7 +126,10 @@ class ModelRunner:
                 if positions:
                     prompt_rows[b] = (len(rows), positions)
                     rows.extend(cu[b] + p - starts[b] for p in positions)
-            if s.samples:
+            if s.draft:
+                verify_rows[b] = len(rows)
+                rows.extend(range(cu[b + 1] - 1 - len(s.draft), cu[b + 1]))
+            elif s.samples:
                 sample_row[b] = len(rows)
                 rows.append(cu[b + 1] - 1)
         results = [SeqResult() for _ in seqs]
@@ -95,6 +137,8 @@ class ModelRunner:
             return results
         logits = self.model.compute_logits(hidden[torch.tensor(rows, dtype=torch.long)]).float()
         logprobs = torch.log_softmax(logits, dim=-1)
+        for b, at in verify_rows.items():
+            results[b].tokens = self._verify(seqs[b].req, seqs[b].draft, logits[at: at + len(seqs[b].draft) + 1])
 
         for b, (at, positions) in prompt_rows.items():
             req = seqs[b].req

@@ -33,12 +33,18 @@ log = logging.getLogger("flashlane.engine")
 @dataclass
 class ScheduledSeq:
     req: Request
-    num_new: int            # tokens computed this step, from req.num_computed_tokens on
+    num_new: int            # tokens computed this step, from req.num_computed_tokens on (drafts included)
+    draft: list[int] = field(default_factory=list)   # speculative tokens after the last known one
+
+    @property
+    def num_known(self) -> int:
+        """Tokens of the request's own computed this step (``num_new`` less the drafts)."""
+        return self.num_new - len(self.draft)
 
     @property
     def samples(self) -> bool:
         """True when this chunk reaches the last known token, so a next token is sampled."""
-        return self.req.num_computed_tokens + self.num_new == self.req.num_tokens
+        return self.req.num_computed_tokens + self.num_known == self.req.num_tokens
 
 
 @dataclass
@@ -62,11 +68,13 @@ class StepProgress:
     sampled: list[tuple[Request, int]] = field(default_factory=list)  # (request, tokens it gained this step)
     prefill_tokens: int = 0
     decode_seqs: int = 0
+    drafted: int = 0                                          # draft tokens verified this step
+    accepted: list[int] = field(default_factory=list)         # per verified sequence: drafts accepted
 
 
 class Scheduler:
     def __init__(self, cache: CacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 chunk_multiple: int, max_wait_ms: float = 0.0):
+                 chunk_multiple: int, max_wait_ms: float = 0.0, drafter=None):
         if max_num_batched_tokens < chunk_multiple:
             raise ValueError(f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= the prefill "
                              f"chunk granularity ({chunk_multiple})")
@@ -79,6 +87,7 @@ class Scheduler:
         self.running: list[Request] = []
         self._admissions = 0
         self.num_preemptions = 0
+        self.drafter = drafter         # speculative decoding: proposes draft tokens for decoding requests
 
     # ---- queue management -------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -133,6 +142,10 @@ class Scheduler:
             n = self._chunk(req, req.num_computed_tokens, budget)
             if n <= 0:
                 continue
+            draft = self._draft(req, budget) if n == 1 and self.drafter is not None else []
+            if draft and not self.cache.can_admit(req, req.num_computed_tokens + 1 + len(draft)):
+                draft = []             # drafts never cost another request its place
+            n += len(draft)
             target = req.num_computed_tokens + n
             while not self.cache.can_admit(req, target):
                 victims = [r for r in self.running if r is not req and id(r) not in scheduled]
@@ -143,7 +156,7 @@ class Scheduler:
             if req not in self.running:
                 continue
             self.cache.grow(req, target)
-            out.seqs.append(ScheduledSeq(req, n))
+            out.seqs.append(ScheduledSeq(req, n, draft))
             scheduled.add(id(req))
             budget -= n
         if out.preempted or not self.waiting:
@@ -180,6 +193,20 @@ class Scheduler:
             out.wake_at = now + 0.002
         return out
 
+    def _draft(self, req: Request, budget: int) -> list[int]:
+        """Draft tokens for a decoding ``req`` that can take them (no logprobs, no grammar),
+        never past its output limit and, for models whose state is checkpointed at page
+        boundaries, never past the next boundary (so an accepted run cannot jump over it)."""
+        p = req.params
+        if (not req.output_token_ids or req.num_computed_tokens != req.num_tokens - 1
+                or p.logprobs is not None or req.grammar is not None):
+            return []
+        limit = min(req.max_tokens - len(req.output_token_ids) - 1, budget - 1)
+        if self.cache.checkpoints_decode:
+            page = self.cache.page_size
+            limit = min(limit, (req.num_computed_tokens // page + 1) * page - req.num_computed_tokens - 1)
+        return self.drafter.propose(req.all_token_ids, limit) if limit > 0 else []
+
     # ---- after a step ---------------------------------------------------------------------------
     def update_from_output(self, sched: SchedulerOutput, results) -> StepProgress:
         """Advance every scheduled request past the tokens the step computed (their cache rows
@@ -189,26 +216,43 @@ class Scheduler:
         progress = StepProgress()
         for s, res in zip(sched.seqs, results):
             req = s.req
-            prefill = s.num_new > 1 or not req.output_token_ids
+            prefill = s.num_known > 1 or not req.output_token_ids
             if prefill:
                 progress.prefill_tokens += s.num_new
             else:
                 progress.decode_seqs += 1
             before = req.num_computed_tokens
-            req.num_computed_tokens += s.num_new
+            gained = res.tokens if res.tokens is not None else [] if res.token is None else [res.token]
+            if s.draft:
+                accepted = len(gained) - 1
+                progress.drafted += len(s.draft)
+                progress.accepted.append(accepted)
+                req.metrics.num_draft_tokens += len(s.draft)
+                req.metrics.num_accepted_tokens += accepted
+            ending, n = None, 0
+            for token in gained:
+                ending = self._append(req, token, res.logprobs)
+                n += 1
+                if ending:
+                    break
+            # the drafts the model agreed with are computed too (a rejected draft's rows were rolled
+            # back); committed before a finish releases the request, so its last pages are registered
+            req.num_computed_tokens += s.num_known + (min(len(gained) - 1, n) if s.draft else 0)
             self.cache.commit(req, before, prefill)
             if res.prompt_logprobs:
                 req.prompt_logprobs.extend(res.prompt_logprobs)
             if res.prompt_logprob_rows is not None:
                 req.prompt_logprob_rows.append(res.prompt_logprob_rows)
-            if res.token is not None:
-                self._append(req, res.token, res.logprobs)
-                progress.sampled.append((req, 1))
+            if n:
+                progress.sampled.append((req, n))
+            if ending:
+                self.finish(req, *ending)
         return progress
 
-    def _append(self, req: Request, token: int, logprobs) -> None:
-        """``token`` joins ``req``'s output; a stop token, a complete structured output or the
-        length limit finishes it (stop strings are the client's: they need text)."""
+    def _append(self, req: Request, token: int, logprobs) -> tuple[str, int | None] | None:
+        """``token`` joins ``req``'s output; returns the finish it causes, (reason, stop token), if
+        any: a stop token, a complete structured output or the length limit (stop strings are the
+        client's: they need text)."""
         req.output_token_ids.append(token)
         if req.logprobs is not None:
             req.logprobs.append(logprobs)
@@ -216,11 +260,12 @@ class Scheduler:
             log.error("request %s: token %d breaks its structured output: %s", req.request_id, token,
                       req.grammar.error)
         if token in req.stop_token_ids:
-            self.finish(req, "stop", token)
-        elif req.grammar is not None and req.grammar.finished:
-            self.finish(req, "stop", None)
-        elif len(req.output_token_ids) >= req.max_tokens:
-            self.finish(req, "length", None)
+            return "stop", token
+        if req.grammar is not None and req.grammar.finished:
+            return "stop", None
+        if len(req.output_token_ids) >= req.max_tokens:
+            return "length", None
+        return None
 
     def finish(self, req: Request, reason: str, stop_reason: int | None) -> None:
         """End ``req`` (also an abort, ``reason`` "abort", or a client's stop string, "stop"):

@@ -8,6 +8,7 @@ from ..config import ModelConfig
 from .cache.manager import CacheManager, CachePlan
 from .engine_args import EngineArgs
 from .scheduler import Scheduler
+from .speculative import NgramDrafter
 from .static_scheduler import StaticScheduler
 
 
@@ -19,5 +20,10 @@ def max_running_seqs(args: EngineArgs, spec: CacheSpec, plan: CachePlan) -> int:
 def build_scheduler(args: EngineArgs, cfg: ModelConfig, cache: CacheManager, running: int) -> Scheduler:
     granularity = chunk_multiple(cfg, args.page_size)
     if args.scheduler == "static":
-        return StaticScheduler(cache, running, args.max_num_batched_tokens, granularity, args.static_batch_size)
-    return Scheduler(cache, running, args.max_num_batched_tokens, granularity, args.max_wait_ms)
+        sched = StaticScheduler(cache, running, args.max_num_batched_tokens, granularity, args.static_batch_size)
+    else:
+        sched = Scheduler(cache, running, args.max_num_batched_tokens, granularity, args.max_wait_ms)
+    spec = args.speculative()
+    if spec is not None:
+        sched.drafter = NgramDrafter(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
+    return sched

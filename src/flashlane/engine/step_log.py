@@ -38,6 +38,9 @@ class StepRecord:
     # computed this step and tokens already in the cache before it (what a step-cost model reads)
     seq_new_tokens: tuple[int, ...] = ()
     seq_cached_tokens: tuple[int, ...] = ()
+    # speculative decoding: draft tokens verified this step (counted in num_tokens) and accepted
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
 
     @property
     def duration(self) -> float:

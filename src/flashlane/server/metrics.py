@@ -106,12 +106,31 @@ class _EngineCollector:
                       "included)", s.get("tokens_prompt_tokens", 0))
         yield counter("flashlane:generation_tokens", "Tokens generated", s.get("tokens_generation_tokens", 0))
         yield from _prefix_cache_metrics(s, gauge, counter, name)
+        yield from _speculative_metrics(s, gauge, counter, name)
         reasons = s.get("finish_reasons", {})
         c = CounterMetricFamily("flashlane:request_success", "Finished requests by finish reason",
                                 labels=["model_name", "finished_reason"])
         for reason in sorted(set(FINISH_REASONS) | set(reasons)):
             c.add_metric([name, reason], float(reasons.get(reason, 0)))
         yield c
+
+
+def _speculative_metrics(s: dict, gauge, counter, name: str):
+    """vLLM-style speculative decoding counters (zero when it is off) and the mean acceptance length."""
+    drafts = s.get("spec_drafts", 0)
+    yield counter("flashlane:spec_decode_num_drafts", "Draft runs verified (one per sequence and step)", drafts)
+    yield counter("flashlane:spec_decode_num_draft_tokens", "Draft tokens verified", s.get("spec_draft_tokens", 0))
+    accepted = s.get("spec_accepted_tokens", 0)
+    yield counter("flashlane:spec_decode_num_accepted_tokens", "Draft tokens accepted", accepted)
+    per_pos = CounterMetricFamily("flashlane:spec_decode_num_accepted_tokens_per_pos",
+                                  "Draft tokens accepted, by their position in the draft",
+                                  labels=["model_name", "position"])
+    positions = sorted(int(k[len("spec_accepted_pos"):]) for k in s if k.startswith("spec_accepted_pos"))
+    for pos in positions:
+        per_pos.add_metric([name, str(pos)], float(s[f"spec_accepted_pos{pos}"]))
+    yield per_pos
+    yield gauge("flashlane:spec_decode_mean_acceptance_length", "Tokens gained per verified draft run (1 + "
+                "accepted drafts; 0 before any)", 1 + accepted / drafts if drafts else 0.0)
 
 
 def _prefix_cache_metrics(s: dict, gauge, counter, name: str):

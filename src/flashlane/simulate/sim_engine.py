@@ -63,6 +63,9 @@ class SimEngine:
         if unsupported:
             raise ValueError(f"simulate does not model {', '.join(unsupported)} yet (host and disk cache "
                              "tiers are not simulated)")
+        if engine_args.get("speculative_config"):
+            raise ValueError("simulate does not model speculative_config yet (the simulated server generates "
+                             "no text, so drafts have nothing to be accepted against)")
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         args = EngineArgs.from_kwargs(**{"dtype": dtype, **engine_args})

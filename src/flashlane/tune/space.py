@@ -28,7 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 KINDS = ("int", "float", "categorical", "bool")
-FIELDS = {"type", "low", "high", "log", "step", "choices", "default", "when", "flag", "render", "help"}
+FIELDS = {"type", "low", "high", "log", "step", "choices", "default", "when", "flag", "flag_value", "render",
+          "help"}
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class Knob:
     choices: tuple = ()
     when: dict = field(default_factory=dict)  # {earlier knob: value or [values]}
     flag: str | None = None
+    flag_value: str | None = None             # the flag's argument as a format with {value} (default: the value)
     render: str | dict | None = None
     help: str = ""
 
@@ -91,7 +93,8 @@ class Knob:
             return []
         if isinstance(value, bool):
             return [self.cli_flag if value else "--no-" + self.cli_flag[2:]]
-        return [self.cli_flag, self.text(value)]
+        text = self.text(value)
+        return [self.cli_flag, self.flag_value.format(value=text) if self.flag_value else text]
 
     def rendered(self, value) -> str:
         """What the knob's `{name}` placeholder becomes in a --serve-command template."""
@@ -196,8 +199,15 @@ def parse_knob(name: str, spec, earlier: dict[str, Knob]) -> Knob:
         raise ValueError(f"{where}.render: expected a format string with {{value}} or an object value -> text")
     if isinstance(render, dict) and kind not in ("bool", "categorical"):
         raise ValueError(f"{where}.render: a value -> text map fits only bool / categorical knobs")
+    flag_value = spec.get("flag_value")
+    if flag_value is not None:
+        try:
+            if not isinstance(flag_value, str) or flag_value.format(value="1") == flag_value:
+                raise ValueError("it never uses {value}")
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"{where}.flag_value: expected a format string using {{value}} (and only it): {e}") from None
     knob = Knob(name=name, kind=kind, default=spec["default"], when=dict(when), flag=spec.get("flag"),
-                render=render, help=str(spec.get("help", "")), **kw)
+                flag_value=flag_value, render=render, help=str(spec.get("help", "")), **kw)
     if isinstance(render, dict):
         values = [True, False] if kind == "bool" else list(knob.choices)
         missing = [json.dumps(v) for v in values if json.dumps(v) not in render]
@@ -270,11 +280,15 @@ def flashlane_space(cpu_count: int | None = None, offered: dict[str, tuple | Non
                              "when": {"enable_prefix_caching": True}},
         "quantization": {"type": "categorical", "choices": [None, "int8", "w8a8"], "default": None},
         "num_threads": {"type": "categorical", "choices": threads, "default": None},
+        "num_speculative_tokens": {"type": "categorical", "choices": [None, 1, 2, 3, 4], "default": None,
+                                   "flag": "--speculative-config",
+                                   "flag_value": '{{"method": "ngram", "num_speculative_tokens": {value}}}',
+                                   "help": "n-gram speculative decoding: draft tokens per step (None: off)"},
     }
     if offered is not None:
         kept = {}
         for name, spec in knobs.items():
-            flag = "--" + name.replace("_", "-")
+            flag = spec.get("flag") or "--" + name.replace("_", "-")
             if flag not in offered or (name == "static_batch_size" and "scheduler" not in kept):
                 continue
             allowed = offered[flag]

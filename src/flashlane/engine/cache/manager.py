@@ -47,6 +47,7 @@ class CachePlan:
     bytes_per_page: int
     bytes_per_slot: int
     num_checkpoints: int = 0
+    num_draft_rows: int = 0      # speculative decoding: a state row per slot, to roll rejected drafts back
 
     @property
     def num_tokens(self) -> int:
@@ -56,9 +57,11 @@ class CachePlan:
 def plan_cache(spec: CacheSpec, dtype: torch.dtype, cache_memory: float | int, max_num_seqs: int,
                num_pages: int | None = None, num_slots: int | None = None,
                device: torch.device | str = "cpu", checkpoint_share: float = 0.0,
-               num_checkpoints: int | None = None) -> CachePlan:
+               num_checkpoints: int | None = None, draft_rollback: bool = False) -> CachePlan:
     """Split a budget between state slots (one per running sequence, first), checkpoints
     (``checkpoint_share`` of the budget, stateful models only) and pages (the rest).
+    ``draft_rollback`` (speculative decoding): every slot gets a second row, where its state is
+    kept while drafts are verified.
 
     ``cache_memory``: bytes (int) or a fraction of currently free device memory (float <= 1)."""
     name = dtype_name(dtype)
@@ -81,14 +84,16 @@ def plan_cache(spec: CacheSpec, dtype: torch.dtype, cache_memory: float | int, m
         num_checkpoints = int(checkpoint_share * budget) // bytes_per_slot if bytes_per_slot else 0
     if not spec.needs_state_slot:
         num_checkpoints = 0
+    draft_rows = num_slots if draft_rollback and spec.needs_state_slot else 0
     if num_pages is None:
-        num_pages = (budget - (num_slots + num_checkpoints) * bytes_per_slot) // bytes_per_page
+        num_pages = (budget - (num_slots + num_checkpoints) * bytes_per_slot
+                     - draft_rows * spec.draft_rollback_bytes_per_sequence(name)) // bytes_per_page
     if num_pages < 1:
         raise ValueError(f"cache budget of {budget} bytes leaves no room for a single page "
-                         f"({bytes_per_page} bytes per page, {num_slots} slots and {num_checkpoints} "
-                         f"checkpoints of {bytes_per_slot} bytes)")
+                         f"({bytes_per_page} bytes per page, {num_slots} slots, {num_checkpoints} "
+                         f"checkpoints and {draft_rows} draft rollback rows of {bytes_per_slot} bytes)")
     return CachePlan(int(num_pages), int(num_slots), spec.page_size, bytes_per_page, bytes_per_slot,
-                     int(num_checkpoints))
+                     int(num_checkpoints), int(draft_rows))
 
 
 def _free_memory(device) -> int:
@@ -128,7 +133,7 @@ class CacheManager:
                  disk_load_timeout_s: float = 5.0):
         self.spec = spec
         self.plan = plan
-        rows = 1 + plan.num_slots + plan.num_checkpoints if spec.needs_state_slot else 0
+        rows = 1 + plan.num_slots + plan.num_checkpoints + plan.num_draft_rows if spec.needs_state_slot else 0
         self.tensors = allocate_pools(spec, plan.num_pages + 1, rows, dtype, device)
         self.snapshots = StateSnapshots(self.tensors)
         self.prefix_caching = prefix_caching
@@ -165,6 +170,20 @@ class CacheManager:
         """The state row of ``req`` (0: none)."""
         held = self._holdings.get(req.request_id)
         return held.state_slot if held is not None else 0
+
+    def draft_row(self, req) -> int:
+        """The row where ``req``'s state waits while its drafts are verified (0: none needed)."""
+        slot = self.state_slot(req)
+        if not slot:
+            return 0
+        if not self.plan.num_draft_rows:
+            raise RuntimeError("speculative decoding on a stateful model needs a cache planned with draft_rollback")
+        return self.plan.num_slots + self.plan.num_checkpoints + slot
+
+    @property
+    def checkpoints_decode(self) -> bool:
+        """True when decoding requests take state checkpoints at page boundaries."""
+        return self.prefix_caching and self.stateful and self.checkpoints.capacity > 0
 
     def checkpoint_stops(self, req) -> list[int]:
         """Positions where the prefill of ``req`` pauses so a checkpoint is taken (set by ``match``)."""
