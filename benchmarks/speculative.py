@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shlex
+import subprocess
 import sys
 import tempfile
 import time
@@ -68,8 +69,6 @@ def run_once(server: vv.Server, args: list[str], seed: int, out_dir: Path) -> di
     cmd = [sys.executable, "-m", "flashlane.cli.main", "bench", "--base-url", server.url, "--model", MODEL, *args,
            "--seed", str(seed), "--temperature", "0", "--output-dir", str(out_dir), "--no-progress",
            "--no-record", "--no-telemetry", "--server-pid", str(server.proc.pid)]
-    import subprocess
-
     before = spec_counters(server.url)
     load = os.getloadavg()[0]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)

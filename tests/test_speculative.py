@@ -345,3 +345,12 @@ def test_served_with_speculation_reports_acceptance_on_metrics():
     mean = metric(scraped, "flashlane:spec_decode_mean_acceptance_length")
     assert mean == pytest.approx(1 + accepted / drafts)
     assert "speculative" in json.dumps(info)
+
+
+def test_analyze_counts_the_rollback_row_from_cache_spec():
+    from flashlane.analyze import resolve_model
+    from flashlane.analyze.cache import cache_bytes
+
+    flash, std = cache_bytes(resolve_model("glm-5.3-flash").cfg), cache_bytes(resolve_model("glm-5.3").cfg)
+    assert flash.draft_rollback == flash.state_per_sequence > 0     # one more state row per running sequence
+    assert std.draft_rollback == std.state_per_sequence == 0

@@ -44,6 +44,7 @@ class LLMEngine:
         args = EngineArgs.from_kwargs(**engine_args)
         args.validate()
         self.args = args
+        self.speculative = args.speculative()     # None: speculative decoding off
         if args.num_threads:
             torch.set_num_threads(args.num_threads)
         self.ops = select_backend(args.device, args.kernel_backend)   # once, for every op of every step
@@ -104,7 +105,7 @@ class LLMEngine:
                           args.num_pages, args.num_slots, args.device,
                           checkpoint_share=args.checkpoint_share if args.enable_prefix_caching else 0.0,
                           num_checkpoints=args.num_checkpoints if args.enable_prefix_caching else 0,
-                          draft_rollback=args.speculative() is not None)
+                          draft_rollback=self.speculative is not None)
         fingerprint = f"{self.model_name}|{self.config.arch}|{self._dtype_name()}|index_topk={self.index_topk}"
         if args.disk_cache_dir:
             fingerprint += "|" + weights_fingerprint(self.model)
@@ -150,15 +151,10 @@ class LLMEngine:
                           and torch.device(args.device).type == "cpu" else None),
             num_threads=torch.get_num_threads(),
             kernel_backend={"name": self.ops.name, "description": self.ops.describe()},
-            speculative=self._speculative_info(plan),
+            speculative=None if self.speculative is None else {
+                **self.speculative.as_dict(), "rollback_rows": plan.num_draft_rows,
+                "rollback_bytes": plan.num_draft_rows * spec.draft_rollback_bytes_per_sequence(dtype_name)},
         )
-
-    def _speculative_info(self, plan: CachePlan) -> dict | None:
-        spec = self.args.speculative()
-        if spec is None:
-            return None
-        return {**spec.as_dict(), "rollback_rows": plan.num_draft_rows,
-                "rollback_bytes": plan.num_draft_rows * plan.bytes_per_slot}
 
     def _warm_up(self) -> None:
         """Compile before serving: torch.compile specialises one token vs many on first use, and

@@ -136,7 +136,9 @@ class ModelRunner:
         if not rows:
             return results
         logits = self.model.compute_logits(hidden[torch.tensor(rows, dtype=torch.long)]).float()
-        logprobs = torch.log_softmax(logits, dim=-1)
+        # log-probs over the vocabulary only when a request asked for them (plain and verify steps skip it)
+        wants_logprobs = prompt_rows or any(seqs[b].req.params.logprobs is not None for b in sample_row)
+        logprobs = torch.log_softmax(logits, dim=-1) if wants_logprobs else None
         for b, at in verify_rows.items():
             results[b].tokens = self._verify(seqs[b].req, seqs[b].draft, logits[at: at + len(seqs[b].draft) + 1])
 
