@@ -51,13 +51,16 @@ def random_prompts(n: int, lo: int, hi: int, vocab: int, seed: int = 0) -> list[
     return [torch.randint(3, vocab, (k,), generator=g).tolist() for k in lengths]
 
 
-def small_glm(arch: str, seed: int = 0):
-    """A two-to-three layer random model of ``arch`` (every mixer and FFN kind it has)."""
+def small_glm(arch: str, seed: int = 0, mtp: bool | None = None, **text_overrides):
+    """A two-to-three layer random model of ``arch`` (every mixer and FFN kind it has); ``mtp``:
+    with its MTP layer (None: glm_moe_dsa with, glm5_next without); ``text_overrides``: glm5_next
+    config fields (index_kpool, hc_mult, ...)."""
     if arch == "glm5_next":
         from flashlane.models.glm5_next import Glm5NextForCausalLM as cls
         text = dict(GLM5_NEXT_TINY_TEXT, num_hidden_layers=3, vocab_size=256,
                     layer_types=["linear_attention", "indexed_attention", "indexed_attention"],
                     indexer_types=["full", "full", "shared"], mlp_layer_types=["dense", "sparse", "sparse"])
+        text.update(text_overrides)
         raw = dict(model_type="glm5_next", text_config=dict(text, model_type="glm5_next_text"))
     else:
         from flashlane.models.glm_moe_dsa import GlmMoeDsaForCausalLM as cls
@@ -65,7 +68,7 @@ def small_glm(arch: str, seed: int = 0):
                    indexer_types=["full", "shared", "full"])
     cfg = parse_config(raw)
     torch.manual_seed(seed)
-    model = cls(cfg, with_mtp=False) if arch == "glm5_next" else cls(cfg)
+    model = cls(cfg, with_mtp=(arch != "glm5_next") if mtp is None else mtp)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() > 1:

@@ -25,7 +25,7 @@ from flashlane.bench.stack_files import Mechanisms
 from flashlane.cli.engine_flags import engine_kwargs_of_flags, flags_of_engine_kwargs
 from flashlane.simulate import run as run_mod
 from flashlane.simulate import setup as sim_setup
-from flashlane.simulate.front_end import FrontEnd, RequestTiming, fit
+from flashlane.simulate.front_end import FrontEnd, RequestTiming, fit, served_scales
 from flashlane.simulate.prompts import ROLE_IDS, PromptTokenizer, prompt_tokenizer
 from flashlane.simulate.run import SimSetup, sim_bench_config, simulate_bench
 from flashlane.simulate.sim_engine import SimEngine
@@ -388,6 +388,17 @@ def test_front_end_fit_and_fields_refuse_what_they_cannot_use():
     fe = FrontEnd(0.01, 1e-6, 0.002, 0.0003, "measured")
     assert FrontEnd.from_dict(fe.to_dict()) == fe
     assert fe.zero().admission_s(10_000) == 0 and fe.zero().token_s == 0 and fe.zero().step_gap_s == 0
+    with pytest.raises(ValueError, match="served_decode_scale"):
+        FrontEnd(served_decode_scale=0.0)
+
+
+def test_served_step_scales_are_ratios_of_sums_by_step_kind():
+    steps = [(True, 1.2, 1.0), (True, 2.2, 2.0), (False, 0.011, 0.01), (False, 0.033, 0.03)]
+    assert served_scales(steps) == pytest.approx((3.4 / 3.0, 0.044 / 0.04))
+    assert served_scales([(False, 0.02, 0.01)]) == pytest.approx((1.0, 2.0))     # no prefill steps: 1.0
+    fe = fit(_timings([100, 200], lambda n: 0.01), [], "x", scales=(1.1, 1.3))
+    assert fe.step_scale(True) == 1.1 and fe.step_scale(False) == 1.3
+    assert FrontEnd.from_dict(fe.to_dict()) == fe and fe.zero().step_scale(True) == 1.0
 
 
 # ---- 5. bench's replay against the simulated server ----------------------------------------------
@@ -525,6 +536,18 @@ def calibration(model: str = MODEL, mode: dict | None = None, machine: dict | No
 
 
 SHAPE = StepShape(prefill=((100, 0),), decode=(50, 70))
+
+
+def test_the_simulated_server_scales_step_costs_by_the_measured_served_steps():
+    fe = {**MEASURED_FE, "served_prefill_scale": 1.12, "served_decode_scale": 1.05}
+    setup, _ = sim_setup.calibrated(MODEL, calibration(front_end=fe), {})
+    alone = calibration().cost_model(_cfg()).seconds
+    assert setup.cost(SHAPE) == pytest.approx(1.12 * alone(SHAPE), rel=1e-12)
+    decode = StepShape(decode=(50, 70))
+    assert setup.cost(decode) == pytest.approx(1.05 * alone(decode), rel=1e-12)
+    assert setup.assumptions["calibration"]["served_step_scales"] == {"prefill": 1.12, "decode": 1.05}
+    zero, _ = sim_setup.calibrated(MODEL, calibration(front_end=fe), {}, zero_host=True)
+    assert zero.front_end.step_scale(True) == 1.0
 
 
 def test_a_calibration_in_the_servers_mode_gives_its_costs_and_front_end(tmp_path):

@@ -49,7 +49,6 @@ def _drafted(llm) -> tuple[int, int]:
 # ---- configuration --------------------------------------------------------------------------------
 @pytest.mark.parametrize("value, field", [
     ({"method": "eagle", "num_speculative_tokens": 2}, "speculative_config.method"),
-    ({"method": "mtp", "num_speculative_tokens": 2}, "speculative_config.method"),
     ({"method": "ngram"}, "speculative_config.num_speculative_tokens"),
     ({"method": "ngram", "num_speculative_tokens": 0}, "speculative_config.num_speculative_tokens"),
     ({"method": "ngram", "num_speculative_tokens": 17}, "speculative_config.num_speculative_tokens"),
@@ -102,9 +101,14 @@ class _Oracle:
     accept every length from none to all. ``refs``: each prompt's plain output; a request is told
     by the longest prompt its tokens start with."""
 
+    lookahead = 0
+
     def __init__(self, refs: dict[tuple, list[int]], k: int, wrong: list[int] | None = None):
         self.refs, self.k = refs, k
         self.wrong = wrong if wrong is not None else list(range(k + 1))
+
+    def draft(self, req, limit):
+        return self.propose(req.all_token_ids, limit)
 
     def propose(self, tokens, limit=None):
         n = min(self.k, limit if limit is not None else self.k)

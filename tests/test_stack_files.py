@@ -17,7 +17,7 @@ from flashlane.bench.compare import (
     stack_command,
 )
 from flashlane.bench.compare_runs import StackRun
-from flashlane.bench.stack_files import load_stack_paths, parse_stack
+from flashlane.bench.stack_files import Mechanisms, load_stack_paths, parse_stack
 from flashlane.bench.stacks import BUILTIN_DIR, DEFAULT_STACKS, STACKS, parse_stacks
 from flashlane.cli import compare as compare_cli
 
@@ -45,7 +45,8 @@ def test_builtin_files_give_exactly_the_former_hard_coded_flags():
     former = {"naive": (naive, naive),
               "hybrid-cache-gap": (["--no-enable-prefix-caching"], ["--enable-prefix-caching"]),
               "flashlane": (["--enable-prefix-caching", "--max-wait-ms", "2"],) * 2}
-    assert list(STACKS) == list(DEFAULT_STACKS) == list(former)
+    assert list(STACKS)[:3] == list(DEFAULT_STACKS) == list(former)
+    assert list(STACKS)[3:] == ["flashlane-mtp"]      # built in, not in the default three
     for name, (hybrid, standard) in former.items():
         s = STACKS[name]
         assert (s.flags("hybrid"), s.flags("standard")) == (hybrid, standard), name
@@ -55,6 +56,23 @@ def test_builtin_files_give_exactly_the_former_hard_coded_flags():
     assert n.hybrid.mechanisms.batching == "static" and n.hybrid.mechanisms.static_batch_size == 32
     assert not gap.hybrid.mechanisms.prefix_cache and gap.standard.mechanisms.prefix_cache
     assert fl.hybrid.mechanisms.prefix_cache_stateful and fl.hybrid.mechanisms.batching_window_ms == 2.0
+
+
+def test_the_mtp_stack_gives_json_flags_and_its_mechanism():
+    from flashlane.bench.stack_files import fill
+    from flashlane.cli.engine_flags import engine_kwargs_of_flags
+
+    s = STACKS["flashlane-mtp"]
+    for role in ("hybrid", "standard"):
+        flags = s.flags(role)       # the file's {{ }} are literal braces: JSON, not placeholders
+        assert engine_kwargs_of_flags(flags)["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 3}
+        assert [fill(f, {"model": "m", "port": 1}) for f in flags] == flags
+        m = s.role(role).mechanisms
+        assert (m.speculative_method, m.num_speculative_tokens) == ("mtp", 3)
+    assert fill("--x={model}:{port}", {"model": "m", "port": 8}) == "--x=m:8"
+    with pytest.raises(ValueError, match="speculative_method and num_speculative_tokens"):
+        Mechanisms(prefix_cache=True, prefix_cache_stateful=True, batching="continuous", static_graphs=False,
+                   num_speculative_tokens=2)
 
 
 def test_builtin_files_are_package_data():
@@ -117,7 +135,7 @@ def test_stack_files_add_or_override_and_stacks_selects_by_name(tmp_path):
     assert [s.name for s in parse_stacks(None, known, default=list(files))] == ["flashlane", "mine"]
     chosen = parse_stacks("naive,flashlane", known)
     assert chosen[0] is STACKS["naive"] and chosen[1].flags("hybrid") == ["--max-wait-ms", "9"]
-    with pytest.raises(ValueError, match=r"unknown stack\(s\) 'theirs'; choose from naive, hybrid-cache-gap, flashlane, mine"):
+    with pytest.raises(ValueError, match=r"unknown stack\(s\) 'theirs'; choose from naive, hybrid-cache-gap, flashlane, flashlane-mtp, mine"):
         parse_stacks("theirs", known)
 
 

@@ -8,6 +8,11 @@ Three pools, all addressed per sequence:
     plus a per-sequence tail of the incomplete pool (``kpool`` slots of [key | gate]).
   * state (slots): per KDA layer, recurrent state [H, D, D] fp32 and conv state [3Q, K-1];
     slot 0 is the null slot. The indexer tail lives in the same per-sequence slot.
+  * MTP (speculative decoding with the model's next-token-prediction layer only): the MTP layer
+    is one more DSA layer with a full indexer (a latent row, an index row, a tail), and
+    ``mtp_hidden`` keeps, per page, the target's final hidden states at the page's last ``kpool``
+    tokens: the MTP entry of a prefix hit's last position depends on the token after the hit,
+    so that entry (and its whole index pool) is recomputed from those saved hidden states.
 ``pools()`` is the one description of every pool tensor (name, unit, shape, dtype): the engine
 allocates from it, budget planning and ``analyze`` read their byte counts from it. State-slot
 pools also hold prefix-cache checkpoints (extra rows of the same tensors).
@@ -73,6 +78,8 @@ class CacheSpec:
     state_shape: tuple[int, int, int]     # (heads, key dim, value dim), fp32
     kv_dtype: str | None = None           # paged pools' storage: None (model dtype) | bfloat16 | int8
     latent_groups: int = 1                # int8 scales per token per latent row
+    mtp_layers: tuple[int, ...] = ()      # MTP layer ids held in the latent / index pools (drafting on)
+    hidden_dim: int = 0                   # width of an ``mtp_hidden`` entry (0 without MTP)
 
     def latent_row(self, layer: int) -> int:
         return self.latent_layers.index(layer)
@@ -98,6 +105,7 @@ class CacheSpec:
             PoolSpec("index_tail", "slot", n_idx if self.kpool > 1 else 0, 1, (self.kpool, 2 * self.index_dim)),
             PoolSpec("conv", "slot", n_kda, 1, (self.conv_dim, self.conv_width)),
             PoolSpec("recurrent", "slot", n_kda, 1, self.state_shape, "float32"),
+            PoolSpec("mtp_hidden", "page", 1 if self.mtp_layers else 0, self.kpool, (self.hidden_dim,)),
         ]
 
     def _kv_pools(self, name: str, rows: int, per_unit: int, dim: int, groups: int) -> list[PoolSpec]:
@@ -145,6 +153,20 @@ class CacheSpec:
         back by restoring it and replaying the accepted tokens)."""
         return self.bytes_per_slot(dtype)
 
+    def mtp_bytes_per_token(self, dtype: str = "bfloat16") -> float:
+        """Cache bytes per token the MTP layer adds: its latent and pooled index rows and the
+        target hidden state saved per page (0 when the engine does not draft with MTP)."""
+        if not self.mtp_layers:
+            return 0.0
+        n = len(self.mtp_layers)
+        return (n * self.entry_bytes("latent", dtype) + n * self.entry_bytes("index_keys", dtype) / self.kpool
+                + self.pool("mtp_hidden").bytes_per_unit(dtype) / self.page_size)
+
+    def layout_key(self) -> str:
+        """Which pools, with how many layer rows: part of every prefix-cache key, so pages of an
+        engine with the MTP layer's rows never meet one without them."""
+        return ",".join(f"{p.name}:{p.rows}" for p in self.pools())
+
     def latent_bytes_per_token(self, dtype: str = "bfloat16") -> int:
         return self._unit_bytes("page", dtype, ("latent",)) // self.page_size
 
@@ -175,8 +197,9 @@ def chunk_multiple(cfg: ModelConfig, page_size: int) -> int:
     return m
 
 
-def cache_spec(cfg: ModelConfig, page_size: int = 16, kv_cache_dtype: str = "auto") -> CacheSpec:
-    """The layout for ``cfg``; ``kv_cache_dtype`` is one of ``KV_CACHE_DTYPES``."""
+def cache_spec(cfg: ModelConfig, page_size: int = 16, kv_cache_dtype: str = "auto", mtp: bool = False) -> CacheSpec:
+    """The layout for ``cfg``; ``kv_cache_dtype`` is one of ``KV_CACHE_DTYPES``; ``mtp``: the
+    engine drafts with the model's MTP layer, whose cache rows are then held too."""
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
     kpool = max(cfg.index_kpool, 1)
@@ -199,6 +222,15 @@ def cache_spec(cfg: ModelConfig, page_size: int = 16, kv_cache_dtype: str = "aut
             if last_full is None:
                 raise ValueError(f"layer {i} shares an indexer but no full indexer layer comes before it")
             index_row_of[i] = last_full
+    mtp_layers: tuple[int, ...] = ()
+    if mtp:
+        if cfg.arch == "llama" or cfg.num_mtp_layers < 1:
+            raise ValueError(f"this {cfg.arch} model has no MTP layers (num_nextn_predict_layers = "
+                             f"{cfg.num_mtp_layers}): it cannot draft with method 'mtp'")
+        mtp_layers = (cfg.num_layers,)
+        latent_layers += mtp_layers
+        index_layers += mtp_layers
+        index_row_of[cfg.num_layers] = len(index_layers) - 1
     kda_layers = tuple(cfg.layers_of("kda"))
     qkv = cfg.kda_qkv_dim
     return CacheSpec(
@@ -215,6 +247,8 @@ def cache_spec(cfg: ModelConfig, page_size: int = 16, kv_cache_dtype: str = "aut
         state_shape=(cfg.linear_num_heads, cfg.linear_head_dim, cfg.linear_head_dim) if kda_layers else (0, 0, 0),
         kv_dtype=None if kv_cache_dtype == "auto" else kv_cache_dtype,
         latent_groups=kv_scale_groups(cfg),
+        mtp_layers=mtp_layers,
+        hidden_dim=cfg.hidden_size if mtp_layers else 0,
     )
 
 

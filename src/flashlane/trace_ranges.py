@@ -31,6 +31,8 @@ RANGE_NAMES = (
     "mlp",             # dense FFN
     "lm_head",
     "sampling",        # log-softmax, logprobs and the draw (the lm_head inside excluded)
+    "mtp",             # speculative decoding: the MTP layer drafting (its catch-up and chained steps)
+    "draft_rollback",  # speculative decoding: replaying the accepted tokens after a rejection
 )
 
 _NULL = contextlib.nullcontext()

@@ -36,7 +36,7 @@ from .machine_load import summarize_rounds
 from .rounds import merge_side, round_sizes, run_round, schedule
 from .runner import BenchConfig, build_source
 from .server_launch import ServerProcess, free_port, serve_command
-from .stack_files import command_with_env
+from .stack_files import command_with_env, fill
 from .stacks import ROLES, Stack
 from .task_components import measured_components, replayed_turns
 from .text_synth import TextSynth, TokenizerResolver, load_tokenizer
@@ -104,7 +104,7 @@ def stack_command(t: CompareTarget, port: int, s: Stack, template: str | None,
     if spec.external:
         return command_with_env(spec, serve_command(t.model, port, spec.command))
     values = {"model": t.model, "port": port, "host": "127.0.0.1", "python": sys.executable}
-    flags = [f.format(**values) for f in s.flags(t.role)]
+    flags = [fill(f, values) for f in s.flags(t.role)]
     return command_with_env(spec, launch_command(t, port, template, extra_args, flags))
 
 

@@ -15,6 +15,8 @@ a stack has.
     batching = "continuous"      # or "static" (then static_batch_size may say how many)
     static_graphs = true         # CUDA graphs / torch.compile decode
     batching_window_ms = 0.0
+    speculative_method = "mtp"   # optional: speculative decoding ("mtp" or "ngram") ...
+    num_speculative_tokens = 3   # ... with this many drafts per step
 
 A command is a template with {model} {port} {host} {python}. One that starts with
 `flashlane serve` gives only flags: compare runs this Python's flashlane with --model, --host and
@@ -62,9 +64,13 @@ class Mechanisms(BaseModel):
     static_graphs: bool
     batching_window_ms: float = Field(0.0, ge=0)
     static_batch_size: int | None = Field(None, ge=1)
+    speculative_method: Literal["mtp", "ngram"] | None = None
+    num_speculative_tokens: int = Field(0, ge=0, le=16)
 
     @model_validator(mode="after")
     def _consistent(self):
+        if (self.speculative_method is None) != (self.num_speculative_tokens == 0):
+            raise ValueError("speculative_method and num_speculative_tokens (>= 1) go together")
         if self.prefix_cache_stateful and not self.prefix_cache:
             raise ValueError("prefix_cache_stateful needs prefix_cache = true")
         if self.static_batch_size is not None and self.batching != "static":
@@ -151,12 +157,23 @@ class Stack:
         return self.hybrid if role == "hybrid" else self.standard
 
     def flags(self, role: str) -> list[str]:
-        """`flashlane serve` flags for this role; an external server's whole command template."""
+        """`flashlane serve` flags for this role (literal braces, written ``{{`` ``}}`` in the file,
+        unescaped; placeholders kept, see ``fill``); an external server's whole command template."""
         spec = self.role(role)
-        return spec.tokens if spec.external else spec.tokens[2:]
+        if spec.external:
+            return spec.tokens
+        keep = {p: "{" + p + "}" for p in PLACEHOLDERS}
+        return [t.format(**keep) for t in spec.tokens[2:]]
 
     def external(self, role: str) -> bool:
         return self.role(role).external
+
+
+def fill(flag: str, values: dict[str, object]) -> str:
+    """A ``flags()`` entry with its placeholders filled (its other braces are literal: JSON)."""
+    for name, value in values.items():
+        flag = flag.replace("{" + name + "}", str(value))
+    return flag
 
 
 def _where(loc: tuple) -> str:

@@ -98,7 +98,7 @@ def _weight_dtype(info: dict) -> str:
     return "fp32" if info["dtype"] == "float32" else "bf16"
 
 
-def _front_end(args, info: dict) -> dict:
+def _front_end(args, info: dict, predict) -> dict:
     """The front end of `flashlane serve` with the calibrated engine flags (and the dtype and
     threads the grid resolved), measured on a server of its own."""
     from .. import presets
@@ -110,7 +110,7 @@ def _front_end(args, info: dict) -> dict:
     synth = TextSynth(args.seed, load_tokenizer(args.model, presets.tokenizer_file)
                       if presets.tokenizer_file(args.model) else None)
     return measure_front_end(args.model, flags_of_engine_kwargs(kwargs), synth,
-                             log=lambda m: print(m, file=sys.stderr)).to_dict()
+                             log=lambda m: print(m, file=sys.stderr), predict=predict).to_dict()
 
 
 def run(args) -> int:
@@ -142,7 +142,7 @@ def run(args) -> int:
     for j in (0, 1):
         m, _ = fit(work, *halves[1 - j], peak, bw)
         held_out.append(error_summary(m, *halves[j])["all"])
-    front_end = None if args.no_front_end else _front_end(args, info)
+    front_end = None if args.no_front_end else _front_end(args, info, model.seconds)
     mode = {"dtype": info["dtype"], "kv_cache_dtype": info["kv_cache_dtype"],
             "quantization": _weight_dtype(info) if info.get("quantization") else None,
             "compile": bool(args.compile), "kernel_backend": (info.get("kernel_backend") or {}).get("name"),
@@ -181,5 +181,7 @@ def _print(cal, out: str) -> None:
     print("  front end: " + ("not measured (--no-front-end): a simulation assumes none" if fe is None else
                              f"admission {1e3 * fe['request_s']:.2f} ms + {1e6 * fe['per_prompt_token_s']:.2f} us/prompt "
                              f"token, token delivery {1e3 * fe['token_s']:.2f} ms, pause between steps "
-                             f"{1e3 * fe['step_gap_s']:.2f} ms"))
+                             f"{1e3 * fe['step_gap_s']:.2f} ms; served steps "
+                             f"{fe.get('served_prefill_scale', 1.0):.3f}x (prefill) / "
+                             f"{fe.get('served_decode_scale', 1.0):.3f}x (decode) the engine alone's"))
     print(f"written to {out}")

@@ -99,8 +99,12 @@ class EngineInfo:
             return ""
         rollback = (f"rollback {s['rollback_rows']} state rows = {s['rollback_bytes'] / 2**20:.2f} MiB"
                     if s["rollback_rows"] else "rollback: pages only (no per-sequence state)")
-        return (f"; speculative decoding {s['method']} k={s['num_speculative_tokens']} "
-                f"(n-gram {s['prompt_lookup_min']}-{s['prompt_lookup_max']}), {rollback}")
+        what = (f"(n-gram {s['prompt_lookup_min']}-{s['prompt_lookup_max']})" if s["method"] == "ngram"
+                else f"(MTP layer: {s.get('mtp_bytes_per_token', 0):g} B/token of the cache above)")
+        if s.get("rejection_sample_method") == "synthetic":
+            what += (f", SYNTHETIC acceptance, mean length {s['synthetic_acceptance_length']:g}: outputs are "
+                     "not the model's (speed measurements only)")
+        return f"; speculative decoding {s['method']} k={s['num_speculative_tokens']} {what}, {rollback}"
 
     def _describe_prefix_cache(self) -> str:
         if not self.prefix_caching:

@@ -15,11 +15,13 @@ from ..kernels.backends import select_backend
 from ..models.dsa_attention import check_index_topk
 from ..models.loader import auto_cpu_dtype_choice
 from ..models.protocol import CausalLM, Compilable
+from ..models.protocol import MtpDrafter as MtpDrafterModel
 from ..models.quantize import Int8Embedding, quantize, weight_bytes
 from .cache.fingerprint import weights_fingerprint
 from .cache.manager import CacheManager, CachePlan, plan_cache
 from .compiled_decode import CompiledDecode, cuda_graph_mode
 from .scheduler_choice import build_scheduler, max_running_seqs
+from .speculative import MtpPass
 from .engine_args import EngineArgs
 from .info import EngineInfo
 from .outputs import RequestDelta
@@ -50,15 +52,22 @@ class LLMEngine:
         self.ops = select_backend(args.device, args.kernel_backend)   # once, for every op of every step
         loaded_here = isinstance(model, str)
         self._load(model)
-        spec = cache_spec(self.config, args.page_size, args.kv_cache_dtype)
+        mtp = self.speculative is not None and self.speculative.method == "mtp"
+        if mtp and not (isinstance(self.model, MtpDrafterModel) and self.model.with_mtp):
+            raise ValueError(f"speculative_config.method 'mtp' needs the model's MTP layer: {self.model_name} "
+                             f"({self.config.arch}) has none (num_nextn_predict_layers = "
+                             f"{self.config.num_mtp_layers}, or no MTP weights in the checkpoint)")
+        spec = cache_spec(self.config, args.page_size, args.kv_cache_dtype, mtp=mtp)
         plan = self._build_cache(spec)
         self.max_model_len = min(args.max_model_len or self.config.max_position_embeddings, plan.num_tokens)
         max_running = max_running_seqs(args, spec, plan)
         self.scheduler = build_scheduler(args, self.config, self.cache, max_running)
         compiled = self._compiled_decode(spec, max_running) if args.compile else None
         self.grammars = Grammars(self.tokenizer, self.config.vocab_size, self.config.eos_token_ids)
+        s = self.speculative
+        mtp_pass = MtpPass(self.model, self.cache, s.num_speculative_tokens, args.index_topk, self.ops) if mtp else None
         self.runner = ModelRunner(self.model, self.cache, args.seed, args.index_topk, compiled, self.grammars,
-                                  ops=self.ops)
+                                  ops=self.ops, mtp=mtp_pass, synthetic_rate=s.synthetic_rate if s else None)
         self.requests: dict[str, Request] = {}
         self.step_stats = StepLog(args.step_log_size)
         self._num_steps = 0
@@ -153,6 +162,7 @@ class LLMEngine:
             kernel_backend={"name": self.ops.name, "description": self.ops.describe()},
             speculative=None if self.speculative is None else {
                 **self.speculative.as_dict(), "rollback_rows": plan.num_draft_rows,
+                "mtp_bytes_per_token": spec.mtp_bytes_per_token(dtype_name),
                 "rollback_bytes": plan.num_draft_rows * spec.draft_rollback_bytes_per_sequence(dtype_name)},
         )
 

@@ -61,6 +61,8 @@ class Request:
         # what it holds in the cache (pages, slot, block keys...) the cache manager keeps by request id
         self.num_computed_tokens = 0          # tokens whose cache rows are written
         self.admitted_at = 0                  # step counter when admitted (for preemption order)
+        self.draft_token_ids: list[int] = []  # MTP speculative decoding: drafts for the next step
+        self.mtp_position = 0                 # MTP speculative decoding: its layer's cache rows end here
         self.num_cached_tokens: int | None = None   # prompt tokens the prefix cache supplied at first admission
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.prompt_logprobs: list[dict[int, float] | None] | None = (

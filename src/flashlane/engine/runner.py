@@ -14,7 +14,7 @@ from ..trace_ranges import profiling_range
 from .cache.manager import CacheManager
 from .compiled_decode import CompiledDecode
 from .scheduler import SchedulerOutput
-from .speculative import accept_greedy, accept_sampled
+from .speculative import MtpPass, accept_greedy, accept_sampled, accept_synthetic
 from .structured_output import Grammars
 
 
@@ -30,7 +30,8 @@ class SeqResult:
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, cache: CacheManager, seed: int = 0, index_topk: int | None = None,
                  compiled: CompiledDecode | None = None, grammars: Grammars | None = None,
-                 ops: KernelBackend | None = None):
+                 ops: KernelBackend | None = None, mtp: MtpPass | None = None,
+                 synthetic_rate: float | None = None):
         self.ops = ops                    # the kernel backend every batch carries (None: the device's default)
         self.index_topk = index_topk      # the engine's sparse-attention override (None: the config's)
         self.model = model
@@ -39,6 +40,8 @@ class ModelRunner:
         self.generator = torch.Generator().manual_seed(seed)
         self.grammars = grammars          # masks the logits of requests with structured output
         self.last_sample_s = 0.0          # seconds the last run() spent sampling (step records)
+        self.mtp = mtp                    # MTP drafting: its layer's pass after every step
+        self.synthetic_rate = synthetic_rate   # benchmarks only: drafts kept at this rate, not verified
 
     @torch.inference_mode()
     def run(self, sched: SchedulerOutput) -> list[SeqResult]:
@@ -62,9 +65,12 @@ class ModelRunner:
         batch = ForwardBatch.build(new_tokens, starts, tables, slots, self.cache.tensors, self.index_topk,
                                    ops=self.ops)
         hidden = self.model(batch)
-        results = self._timed_sample(seqs, starts, batch.cu_q.tolist(), hidden)
+        cu = batch.cu_q.tolist()
+        results = self._timed_sample(seqs, starts, cu, hidden)
         if kept:
             self._roll_back(seqs, results, new_tokens, starts, tables, slots, kept)
+        if self.mtp is not None:
+            self.mtp.run(seqs, starts, tables, slots, cu, hidden, results)
         return results
 
     def _roll_back(self, seqs, results, new_tokens, starts, tables, slots, kept: dict[int, int]) -> None:
@@ -85,11 +91,15 @@ class ModelRunner:
 
     def _run_compiled(self, seqs) -> list[SeqResult]:
         starts = [s.req.num_computed_tokens for s in seqs]
-        batch = self.compiled.batch([s.req.all_token_ids[c] for s, c in zip(seqs, starts)], starts,
-                                    [self.cache.block_table(s.req) for s in seqs],
-                                    [self.cache.state_slot(s.req) for s in seqs])
+        tables = [self.cache.block_table(s.req) for s in seqs]
+        slots = [self.cache.state_slot(s.req) for s in seqs]
+        batch = self.compiled.batch([s.req.all_token_ids[c] for s, c in zip(seqs, starts)], starts, tables, slots)
         hidden = self.compiled.run(batch)
-        return self._timed_sample(seqs, starts, list(range(len(seqs) + 1)), hidden)
+        cu = list(range(len(seqs) + 1))
+        results = self._timed_sample(seqs, starts, cu, hidden)
+        if self.mtp is not None:
+            self.mtp.run(seqs, starts, tables, slots, cu, hidden, results)
+        return results
 
     def _timed_sample(self, seqs, starts: list[int], cu: list[int], hidden: torch.Tensor) -> list[SeqResult]:
         t0 = time.monotonic()
@@ -101,13 +111,20 @@ class ModelRunner:
     def _verify(self, req, draft: list[int], logits: torch.Tensor) -> list[int]:
         """The tokens a request gains from its verified drafts (``logits``: 1 + drafts rows)."""
         p = req.params
-        if p.greedy:
+        generator = req.generator if req.generator is not None else self.generator
+        if p.greedy and self.synthetic_rate is None:
             return accept_greedy(draft, logits.argmax(dim=-1).tolist())
         n = logits.shape[0]
-        probs = sampling_probs(logits, torch.full((n,), float(p.temperature)), torch.full((n,), p.top_k),
-                               torch.full((n,), float(p.top_p)), torch.full((n,), float(p.min_p)))
-        uniforms = torch.rand((n, 2), generator=req.generator if req.generator is not None else self.generator)
-        return accept_sampled(probs, draft, uniforms)
+        if p.greedy:
+            target = logits.argmax(dim=-1).tolist()
+        else:
+            probs = sampling_probs(logits, torch.full((n,), float(p.temperature)), torch.full((n,), p.top_k),
+                                   torch.full((n,), float(p.top_p)), torch.full((n,), float(p.min_p)))
+            uniforms = torch.rand((n, 2), generator=generator)
+            if self.synthetic_rate is None:
+                return accept_sampled(probs, draft, uniforms)
+            target = [accept_sampled(probs[i: i + 1], [], uniforms[i: i + 1])[0] for i in range(n)]
+        return accept_synthetic(draft, target, self.synthetic_rate, torch.rand(n - 1, generator=generator))
 
     def _sample(self, seqs, starts: list[int], cu: list[int], hidden: torch.Tensor) -> list[SeqResult]:
         # rows whose logits we need: the last token of sampling sequences, and prompt positions

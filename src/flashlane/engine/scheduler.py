@@ -155,7 +155,7 @@ class Scheduler:
                     break
             if req not in self.running:
                 continue
-            self.cache.grow(req, target)
+            self.cache.grow(req, self._ahead(req, target))
             out.seqs.append(ScheduledSeq(req, n, draft))
             scheduled.add(id(req))
             budget -= n
@@ -177,6 +177,7 @@ class Scheduler:
                 self.waiting.appendleft(req)
                 break
             admission = self.cache.admit(req, match, match.num_tokens + n)
+            self.cache.grow(req, self._ahead(req, match.num_tokens + n))
             req.num_computed_tokens = admission.num_computed_tokens
             if admission.num_cached_tokens is not None:
                 req.num_cached_tokens = admission.num_cached_tokens
@@ -193,6 +194,14 @@ class Scheduler:
             out.wake_at = now + 0.002
         return out
 
+    def _ahead(self, req: Request, target: int) -> int:
+        """``target`` plus the pages an MTP drafter writes ahead when this step samples (its chained
+        drafts), when they are free; drafts never cost another request its place."""
+        ahead = self.drafter.lookahead if self.drafter is not None else 0
+        if ahead and target >= req.num_tokens and self.cache.can_admit(req, target + ahead):
+            return target + ahead
+        return target
+
     def _draft(self, req: Request, budget: int) -> list[int]:
         """Draft tokens for a decoding ``req`` that can take them (no logprobs, no grammar),
         never past its output limit and, for models whose state is checkpointed at page
@@ -205,7 +214,7 @@ class Scheduler:
         if self.cache.checkpoints_decode:
             page = self.cache.page_size
             limit = min(limit, (req.num_computed_tokens // page + 1) * page - req.num_computed_tokens - 1)
-        return self.drafter.propose(req.all_token_ids, limit) if limit > 0 else []
+        return self.drafter.draft(req, limit) if limit > 0 else []
 
     # ---- after a step ---------------------------------------------------------------------------
     def update_from_output(self, sched: SchedulerOutput, results) -> StepProgress:

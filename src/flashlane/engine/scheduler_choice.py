@@ -8,7 +8,7 @@ from ..config import ModelConfig
 from .cache.manager import CacheManager, CachePlan
 from .engine_args import EngineArgs
 from .scheduler import Scheduler
-from .speculative import NgramDrafter
+from .speculative import MtpDrafter, NgramDrafter
 from .static_scheduler import StaticScheduler
 
 
@@ -24,6 +24,8 @@ def build_scheduler(args: EngineArgs, cfg: ModelConfig, cache: CacheManager, run
     else:
         sched = Scheduler(cache, running, args.max_num_batched_tokens, granularity, args.max_wait_ms)
     spec = args.speculative()
-    if spec is not None:
+    if spec is not None and spec.method == "mtp":
+        sched.drafter = MtpDrafter(spec.num_speculative_tokens)
+    elif spec is not None:
         sched.drafter = NgramDrafter(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
     return sched

@@ -21,6 +21,7 @@ from .dsa_attention import DSAAttention
 from .forward_batch import ForwardBatch
 from .kda_attention import KDAAttention
 from .layers import MoE, RMSNorm, call_layer, dense_or_moe
+from .mtp import mtp_input
 
 
 class HyperConnection(nn.Module):
@@ -91,8 +92,7 @@ class Glm5NextDecoderLayer(nn.Module):
 
 class Glm5NextMTPLayer(nn.Module):
     """Next-token-prediction block stored at layer index >= num_layers (spec §1.10): a plain
-    pre-norm DSA + MoE block without mHC. Weights only: loaded so checkpoints load strictly;
-    nothing drafts with it."""
+    pre-norm DSA + MoE block without mHC (speculative decoding with method ``mtp`` drafts with it)."""
 
     def __init__(self, cfg: ModelConfig, layer_id: int):
         super().__init__()
@@ -106,6 +106,14 @@ class Glm5NextMTPLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
         self.shared_head = nn.Module()
         self.shared_head.norm = RMSNorm(h, cfg.rms_norm_eps)
+
+    def draft(self, embed_tokens: nn.Module, batch: ForwardBatch, hidden: torch.Tensor) -> torch.Tensor:
+        z = mtp_input(self, embed_tokens, batch, hidden)
+        with profiling_range("dsa_attention"):
+            a, _ = self.self_attn(self.input_layernorm(z), batch, None)
+        z = z + a
+        z = z + self.mlp(self.post_attention_layernorm(z), batch.ops)
+        return self.shared_head.norm(z)
 
 
 class Glm5NextTextModel(nn.Module):
@@ -178,6 +186,14 @@ class Glm5NextForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         with profiling_range("lm_head"):
             return self.lm_head(hidden)
+
+    def mtp(self, batch: ForwardBatch, hidden: torch.Tensor) -> torch.Tensor:
+        """The first MTP layer over ``batch`` (next tokens as input ids) and the previous hidden states."""
+        if not self.with_mtp:
+            raise RuntimeError("this model was built without its MTP layer (the checkpoint has none)")
+        text = self.model.language_model
+        with profiling_range("mtp"):
+            return text.layers[self.config.num_layers].draft(text.embed_tokens, batch, hidden)
 
     def post_load(self) -> None:
         """Nothing derived: the absorbed MLA projections are views of ``kv_b_proj``."""

@@ -15,6 +15,7 @@ from ..trace_ranges import profiling_range
 from .dsa_attention import DSAAttention
 from .forward_batch import ForwardBatch
 from .layers import MoE, RMSNorm, call_layer, dense_or_moe
+from .mtp import mtp_input
 
 
 class DecoderLayer(nn.Module):
@@ -42,7 +43,7 @@ class DecoderLayer(nn.Module):
 
 class MTPLayer(DecoderLayer):
     """DeepSeek nextn block: ``eh_proj([enorm(embed) ; hnorm(hidden)])`` then one DSA+MoE block and
-    ``shared_head.norm``. Weights only: loaded so checkpoints load strictly; nothing drafts with it."""
+    ``shared_head.norm`` (speculative decoding with method ``mtp`` drafts with it)."""
 
     def __init__(self, cfg: ModelConfig, layer_id: int):
         super().__init__(cfg, layer_id, ffn=MoE(cfg), indexer_type="full")
@@ -52,6 +53,10 @@ class MTPLayer(DecoderLayer):
         self.eh_proj = nn.Linear(2 * h, h, bias=False)
         self.shared_head = nn.Module()
         self.shared_head.norm = RMSNorm(h, cfg.rms_norm_eps)
+
+    def draft(self, embed_tokens: nn.Module, batch: ForwardBatch, hidden: torch.Tensor) -> torch.Tensor:
+        z, _ = super().forward(mtp_input(self, embed_tokens, batch, hidden), batch, None)
+        return self.shared_head.norm(z)
 
 
 class GlmMoeDsaModel(nn.Module):
@@ -111,6 +116,13 @@ class GlmMoeDsaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         with profiling_range("lm_head"):
             return self.lm_head(hidden)
+
+    def mtp(self, batch: ForwardBatch, hidden: torch.Tensor) -> torch.Tensor:
+        """The first MTP layer over ``batch`` (next tokens as input ids) and the previous hidden states."""
+        if not self.with_mtp:
+            raise RuntimeError("this model was built without its MTP layer (the checkpoint has none)")
+        with profiling_range("mtp"):
+            return self.model.layers[self.config.num_layers].draft(self.model.embed_tokens, batch, hidden)
 
     def post_load(self) -> None:
         """Nothing derived: the absorbed MLA projections are views of ``kv_b_proj``."""

@@ -53,6 +53,17 @@ class OptionalMtp(Protocol):
     def checkpoint_has_mtp(cfg: "ModelConfig", names: Iterable[str]) -> bool: ...
 
 
+@runtime_checkable
+class MtpDrafter(Protocol):
+    """A model that can draft with its own next-token-prediction layer (spec §1.10)."""
+
+    with_mtp: bool
+
+    def mtp(self, batch: "ForwardBatch", hidden: torch.Tensor) -> torch.Tensor:
+        """The MTP layer over ``batch`` (whose ``input_ids`` are each position's next token) and the
+        previous hidden states [N, H]; returns its normed output [N, H] (logits: ``compute_logits``)."""
+
+
 def fp32_param_names(model, default: tuple[str, ...]) -> tuple[str, ...]:
     """The name fragments ``model`` keeps in float32 (``default`` when it declares none)."""
     return tuple(model.keep_fp32_params) if isinstance(model, KeepsFp32Params) else default

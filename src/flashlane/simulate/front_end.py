@@ -7,6 +7,12 @@ arrived, sending the step's outputs). None of it is in the step records, all of 
 client's latencies, and at low concurrency it is on the critical path of every turn. The terms
 are measured on a real server by ``flashlane calibrate`` (``measure``/``fit`` here); a
 simulation without a calibration of them assumes zero and says so.
+
+The served engine's steps also run slower than the same steps of the engine alone, which is what
+the step-cost grid measures: the API process, its event loop and the client share the cores.
+``served_prefill_scale`` and ``served_decode_scale`` are the measured ratio (sum of the served
+steps' times over the fitted model's prediction for the same compositions), for steps with a
+prefill chunk and for decode-only steps; a simulation of a server multiplies its step costs by them.
 """
 
 from __future__ import annotations
@@ -23,12 +29,21 @@ class FrontEnd:
     token_s: float = 0.0              # a step's end -> its token at the client
     step_gap_s: float = 0.0           # the engine's pause between two busy steps
     source: str = "not measured: zero front-end time assumed"
+    served_prefill_scale: float = 1.0  # served steps with a prefill chunk / the engine alone's (fitted) time
+    served_decode_scale: float = 1.0   # the same for decode-only steps
 
     def __post_init__(self):
         for name in ("request_s", "per_prompt_token_s", "token_s", "step_gap_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v >= 0):
                 raise ValueError(f"front_end.{name} must be a number >= 0, got {v!r}")
+        for name in ("served_prefill_scale", "served_decode_scale"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and v > 0):
+                raise ValueError(f"front_end.{name} must be a number > 0, got {v!r}")
+
+    def step_scale(self, has_prefill: bool) -> float:
+        return self.served_prefill_scale if has_prefill else self.served_decode_scale
 
     def admission_s(self, prompt_tokens: int) -> float:
         return self.request_s + self.per_prompt_token_s * prompt_tokens
@@ -61,9 +76,23 @@ class RequestTiming:
     token_delays: tuple[float, ...]      # arrival - step end, per token
 
 
-def fit(requests: Sequence[RequestTiming], step_gaps: Sequence[float], source: str) -> FrontEnd:
+def served_scales(steps: Sequence[tuple[bool, float, float]]) -> tuple[float, float]:
+    """(prefill, decode) scales from served steps given as (has a prefill chunk, measured s,
+    predicted s): the ratio of the sums, so long steps weigh as they do in a task's time; 1.0
+    where there are no such steps."""
+    out = []
+    for kind in (True, False):
+        meas = sum(m for p, m, _ in steps if p == kind)
+        pred = sum(q for p, _, q in steps if p == kind)
+        out.append(meas / pred if meas > 0 and pred > 0 else 1.0)
+    return out[0], out[1]
+
+
+def fit(requests: Sequence[RequestTiming], step_gaps: Sequence[float], source: str,
+        scales: tuple[float, float] = (1.0, 1.0)) -> FrontEnd:
     """Least squares of admission delay = request_s + per_prompt_token_s x prompt tokens (both
-    kept >= 0); the median token delay; the median pause between back-to-back steps."""
+    kept >= 0); the median token delay; the median pause between back-to-back steps; ``scales``
+    (from ``served_scales``) as they are."""
     if len(requests) < 2:
         raise ValueError(f"front-end fit: need at least 2 measured requests, got {len(requests)}")
     xs = [float(r.prompt_tokens) for r in requests]
@@ -77,4 +106,5 @@ def fit(requests: Sequence[RequestTiming], step_gaps: Sequence[float], source: s
     delays = [d for r in requests for d in r.token_delays if d >= 0]
     return FrontEnd(request_s=intercept, per_prompt_token_s=slope,
                     token_s=statistics.median(delays) if delays else 0.0,
-                    step_gap_s=statistics.median(step_gaps) if step_gaps else 0.0, source=source)
+                    step_gap_s=statistics.median(step_gaps) if step_gaps else 0.0,
+                    served_prefill_scale=scales[0], served_decode_scale=scales[1], source=source)

@@ -4,7 +4,8 @@ Starts the server with the engine flags being calibrated, sends chat requests on
 the engine is idle when each arrives) with prompts of a few lengths, reads the engine's step
 records with their request ids, and fits ``front_end.FrontEnd``: the delay from a request's send
 to the start of its first step (by prompt length), from the end of each step that made a token
-to the token's arrival, and the engine's pause between the back-to-back steps of one request.
+to the token's arrival, the engine's pause between the back-to-back steps of one request, and
+how much slower the served steps run than the fitted model of the engine alone predicts.
 All times are on one clock: the step records' wall clock, mapped onto the client's monotonic one.
 """
 
@@ -13,13 +14,15 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 
 from ..bench.server_launch import ServerProcess, free_port, serve_command
 from ..bench.text_synth import TextSynth
-from .front_end import FrontEnd, RequestTiming, fit
+from ..analyze.step_cost import StepShape
+from .front_end import FrontEnd, RequestTiming, fit, served_scales
 
 PROMPT_TOKENS = (64, 512, 2048, 6144)
 REPEATS = 3
@@ -50,7 +53,10 @@ def _stream(client: httpx.Client, model: str, text: str) -> tuple[str, float, li
 
 
 def measure_front_end(model: str, serve_args: list[str], synth: TextSynth, log=print,
-                      prompt_tokens: tuple[int, ...] = PROMPT_TOKENS, repeats: int = REPEATS) -> FrontEnd:
+                      prompt_tokens: tuple[int, ...] = PROMPT_TOKENS, repeats: int = REPEATS,
+                      predict: Callable[[StepShape], float] | None = None) -> FrontEnd:
+    """``predict``: the fitted step-cost model of the engine alone; the served steps' times against
+    it give the served-step scales (1.0 without it)."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="flashlane-calibrate-") as tmp, \
@@ -76,6 +82,16 @@ def measure_front_end(model: str, serve_args: list[str], synth: TextSynth, log=p
                   if len(arrivals) == tokens else ())
         timings.append(RequestTiming(prompt, send, mine[0]["start"] - wall_minus_perf, delays))
         gaps += [b["start"] - a["end"] for a, b in zip(made, made[1:])]
+    scales = (1.0, 1.0)
+    if predict is not None:
+        served = []
+        for s in steps:
+            shape = StepShape.from_record(s)
+            served.append((bool(shape.prefill), s["end"] - s["start"], predict(shape)))
+        scales = served_scales(served)
+        log(f"front end: served steps take {scales[0]:.3f}x (prefill) and {scales[1]:.3f}x (decode) the "
+            "engine alone's fitted time")
     return fit(timings, [g for g in gaps if g >= 0],
                f"measured by flashlane calibrate: {len(timings)} chat requests to flashlane serve "
-               f"({', '.join(map(str, prompt_tokens))} prompt words x {repeats}), engine step records")
+               f"({', '.join(map(str, prompt_tokens))} prompt words x {repeats}), engine step records",
+               scales)

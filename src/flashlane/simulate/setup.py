@@ -18,7 +18,7 @@ from ..analyze.gpu_step_cost import HardwareStepCost, HostAssumptions, ParallelL
 from ..analyze.memory import Layout, device_memory
 from ..analyze.models import resolve_model
 from ..analyze.params import count_params
-from ..analyze.step_cost import StepCostModel, StepWork
+from ..analyze.step_cost import StepCostModel, StepShape, StepWork
 from ..bench.stack_files import Mechanisms
 from ..config import ModelConfig
 from .front_end import FrontEnd
@@ -49,6 +49,9 @@ def mechanism_args(m: Mechanisms, cfg: ModelConfig) -> dict:
             args["static_batch_size"] = m.static_batch_size
     else:
         args.update(scheduler="continuous", max_wait_ms=m.batching_window_ms)
+    if m.speculative_method is not None:       # (the simulator refuses it by name: not modelled yet)
+        args["speculative_config"] = {"method": m.speculative_method,
+                                      "num_speculative_tokens": m.num_speculative_tokens}
     return args
 
 
@@ -101,11 +104,17 @@ def calibrated(model: str, calibration: str | Calibration, engine_args: dict,
         front = front.zero()
         cost = StepCostModel(cost.work, cost.peak_flops, cost.mem_bw,
                              {**cost.coefficients, **{t: 0.0 for t in HOST_TERMS}})
-    setup = SimSetup(model, named.cfg, cost.seconds, args,
+    def served_seconds(shape: StepShape, seconds=cost.seconds, scale=front.step_scale) -> float:
+        return seconds(shape) * scale(bool(shape.prefill))
+
+    setup = SimSetup(model, named.cfg, served_seconds, args,
                      prompt_tokenizer(model, named.cfg.vocab_size), front,
                      assumptions={"step_costs": "calibration", "calibration": {
                          "file": str(where), "machine": cal.machine, "mode": cal.mode,
-                         "coefficients": cost.coefficients, "zero_host": zero_host, "fit": {k: cal.fit.get(k) for k in (
+                         "coefficients": cost.coefficients, "zero_host": zero_host,
+                         "served_step_scales": {"prefill": front.served_prefill_scale,
+                                                "decode": front.served_decode_scale},
+                         "fit": {k: cal.fit.get(k) for k in (
                              "median_rel_error", "p90_rel_error", "n_steps")}}})
     return setup, [f"calibration {where}: {w}; the simulated figures are for the calibration's machine"
                    for w in warnings]

@@ -140,7 +140,7 @@ class CacheManager:
         self.stateful = spec.needs_state_slot
         # the layout is part of every key: an int8 page is never served to a bf16/fp32 run
         kv = spec.kv_dtype_name(dtype_name(dtype))
-        self._root = root_key(f"{fingerprint}|{spec.page_size}|{spec.kpool}|{dtype}|kv={kv}")
+        self._root = root_key(f"{fingerprint}|{spec.page_size}|{spec.kpool}|{dtype}|kv={kv}|{spec.layout_key()}")
         self.tiers = None
         if prefix_caching and (host_cache_memory or disk_cache_dir):
             self.tiers = CacheTiers(host_cache_memory, disk_cache_dir, disk_cache_bytes, namespace=self._root.hex(),

@@ -5,7 +5,8 @@ Row 0 is the null slot, rows 1..num_slots are sequence slots, and the rows after
 checkpoint rows. A snapshot is a bit-exact copy of a row (fp32 recurrent state stays fp32), so a
 restored sequence continues exactly as if it had computed its prefix itself. The prefix cache
 saves checkpoints at page boundaries and restores them into a hit's slot; speculative decoding
-will copy a slot aside before drafting and back to roll rejected drafts back.
+copies a slot aside before verifying drafts and back to roll rejected drafts back (and keeps the
+MTP layer's indexer tail aside while it chains drafts).
 """
 
 from __future__ import annotations
@@ -20,10 +21,17 @@ class StateSnapshots:
         spec = cache.spec
         self.pools = {name: t for name, t in cache.pools.items() if spec.pool(name).unit == "slot"}
 
-    def copy(self, src: int, dst: int) -> None:
-        """Row ``src`` -> row ``dst`` in every slot pool (save: slot -> checkpoint; restore: back)."""
-        for t in self.pools.values():
-            t[:, dst].copy_(t[:, src])
+    def copy(self, src: int, dst: int, layer_rows: dict[str, list[int]] | None = None) -> None:
+        """Row ``src`` -> row ``dst`` in every slot pool (save: slot -> checkpoint; restore: back);
+        ``layer_rows``: only these layer rows of these pools (e.g. one layer's indexer tail)."""
+        if layer_rows is None:
+            for t in self.pools.values():
+                t[:, dst].copy_(t[:, src])
+            return
+        for name, rows in layer_rows.items():
+            t = self.pools[name]
+            for r in rows:
+                t[r, dst].copy_(t[r, src])
 
     def clear(self, row: int) -> None:
         """Zero a row (stale state is a classic bug)."""

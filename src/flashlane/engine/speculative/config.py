@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "mtp")
+REJECTION_SAMPLE_METHODS = ("standard", "synthetic")
 MAX_SPECULATIVE_TOKENS = 16
 MAX_NGRAM = 64
-FIELDS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+FIELDS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
+          "rejection_sample_method", "synthetic_acceptance_length")
 
 
 def _bad(field: str, why: str, value) -> ValueError:
@@ -21,12 +23,40 @@ def _int_in(field: str, value, low: int, high: int) -> int:
     return value
 
 
+def synthetic_rate(length: float, k: int) -> float:
+    """The conditional acceptance probability ``p`` (the same at every position) for which the
+    mean acceptance length ``1 + p + p^2 + ... + p^k`` equals ``length`` (bisection; monotone in p)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if sum(mid ** i for i in range(k + 1)) < length:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
 @dataclass(frozen=True)
 class SpeculativeConfig:
+    """``rejection_sample_method="synthetic"`` (benchmarks only, as vLLM's): drafts are accepted
+    at random so the mean acceptance length is ``synthetic_acceptance_length`` whatever the model
+    says; the output is then NOT the model's, and every report that used it says so."""
+
     method: str
     num_speculative_tokens: int
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
+    rejection_sample_method: str = "standard"
+    synthetic_acceptance_length: float | None = None
+
+    @property
+    def synthetic(self) -> bool:
+        return self.rejection_sample_method == "synthetic"
+
+    @property
+    def synthetic_rate(self) -> float | None:
+        """Conditional acceptance probability per draft position (synthetic only)."""
+        return synthetic_rate(self.synthetic_acceptance_length, self.num_speculative_tokens) if self.synthetic else None
 
     @classmethod
     def parse(cls, value) -> "SpeculativeConfig | None":
@@ -46,9 +76,6 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_config has unknown field(s) {', '.join(unknown)} "
                              f"(known: {', '.join(FIELDS)})")
         method = value.get("method")
-        if method == "mtp":
-            raise _bad("method", "'mtp' is not available yet: the MTP drafter is not built in this "
-                       f"version; known: {', '.join(METHODS)}", method)
         if method not in METHODS:
             raise _bad("method", f"must be one of {', '.join(METHODS)}", method)
         if "num_speculative_tokens" not in value:
@@ -58,8 +85,31 @@ class SpeculativeConfig:
         hi = _int_in("prompt_lookup_max", value.get("prompt_lookup_max", max(lo, 4)), 1, MAX_NGRAM)
         if hi < lo:
             raise _bad("prompt_lookup_max", f"must be >= prompt_lookup_min ({lo})", hi)
-        return cls(method, k, lo, hi)
+        rejection = value.get("rejection_sample_method", "standard")
+        if rejection not in REJECTION_SAMPLE_METHODS:
+            raise _bad("rejection_sample_method", f"must be one of {', '.join(REJECTION_SAMPLE_METHODS)}", rejection)
+        length = value.get("synthetic_acceptance_length")
+        if rejection == "synthetic":
+            if isinstance(length, bool) or not isinstance(length, (int, float)) or not 1 <= length <= k + 1:
+                raise _bad("synthetic_acceptance_length", f"must be a number in [1, num_speculative_tokens + 1 "
+                           f"= {k + 1}] with rejection_sample_method 'synthetic'", length)
+            length = float(length)
+        elif length is not None:
+            raise _bad("synthetic_acceptance_length", "is only used with rejection_sample_method 'synthetic'", length)
+        return cls(method, k, lo, hi, rejection, length)
 
     def as_dict(self) -> dict:
-        return {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens,
-                "prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max}
+        out = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens}
+        if self.method == "ngram":
+            out.update(prompt_lookup_min=self.prompt_lookup_min, prompt_lookup_max=self.prompt_lookup_max)
+        if self.synthetic:
+            out.update(rejection_sample_method="synthetic",
+                       synthetic_acceptance_length=self.synthetic_acceptance_length)
+        return out
+
+    def describe(self) -> str:
+        what = f"{self.method}, {self.num_speculative_tokens} draft tokens"
+        if self.synthetic:
+            what += (f", SYNTHETIC acceptance (mean length {self.synthetic_acceptance_length:g}: "
+                     "outputs are not the model's; for speed measurements only)")
+        return what

@@ -16,6 +16,12 @@ class NgramDrafter:
         self.n_min = n_min
         self.n_max = n_max
 
+    lookahead = 0      # drafts come from the request's own tokens: nothing to reserve ahead
+
+    def draft(self, req, limit: int) -> list[int]:
+        """The scheduler's entry point (the MTP drafter has the same)."""
+        return self.propose(req.all_token_ids, limit)
+
     def propose(self, tokens: Sequence[int], limit: int | None = None) -> list[int]:
         """Up to ``min(num_tokens, limit)`` draft tokens to follow ``tokens`` (none without a match)."""
         want = self.num_tokens if limit is None else min(self.num_tokens, limit)

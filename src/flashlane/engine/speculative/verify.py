@@ -39,6 +39,16 @@ def accept_sampled(probs: torch.Tensor, draft: list[int], uniforms: torch.Tensor
     return out
 
 
+def accept_synthetic(draft: list[int], target: list[int], rate: float, uniforms: torch.Tensor) -> list[int]:
+    """Benchmarks only: each draft is kept with probability ``rate`` (until the first miss),
+    whatever the model says, then the model's own token at that position follows (``target``:
+    its tokens after each verified position, as in ``accept_greedy``). ``uniforms`` [k]."""
+    accepted = 0
+    while accepted < len(draft) and float(uniforms[accepted]) < rate:
+        accepted += 1
+    return draft[:accepted] + [target[accepted]]
+
+
 def _draw(p: torch.Tensor, u: float) -> int:
     cdf = torch.cumsum(p, dim=0)
     at = torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=cdf.dtype), right=True)
