@@ -8,8 +8,10 @@ each round runs the same prompts on both sides in ABBA order, so each round give
 Reported per model and concurrency: decode tokens/s per request (output tokens after the first
 over the time from first to last token; paired ratio on/off, > 1 means speculation is faster),
 the measured mean acceptance length, the MTP layer's cache bytes per token from `cache_spec`
-and, for tiny-flash, the rollback state per running request. Synthetic acceptance means the
-outputs are not the model's: this measures speed only.
+and, for tiny-flash, the rollback state per running request; (c) the cache memory speculation
+adds, measured on the allocated pools against `cache_spec` (rollback rows per running request;
+the MTP layer's rows, its indexer tail and the saved hidden states). Synthetic acceptance means
+the outputs are not the model's: this measures speed only.
 
     python benchmarks/speculative_mtp.py                   # -> benchmarks/results/speculative_mtp.json
     python benchmarks/speculative_mtp.py --quick --out /tmp/speculative_mtp.json
@@ -90,6 +92,30 @@ def measure(model: str, concurrency: int, rounds: int, prompt_len: int, max_toke
     }
 
 
+def memory(model: str, num_pages: int = 64, num_slots: int = 8) -> dict:
+    """(c) What speculation costs in cache memory, measured on the allocated pools against
+    cache_spec, with the same page and slot counts: off, n-gram (a rollback row per slot) and MTP
+    (that, plus the MTP layer's latent / index rows and saved hidden states per page and its
+    indexer tail per state row)."""
+    kw = dict(num_pages=num_pages, num_slots=num_slots, max_num_seqs=num_slots, skip_tokenizer_init=True)
+    out = {"model": model, "num_pages": num_pages, "num_slots": num_slots}
+    for side, spec in (("off", None), ("ngram", {"method": "ngram", "num_speculative_tokens": K}),
+                       ("mtp", {"method": "mtp", "num_speculative_tokens": K})):
+        e = LLM(model, **kw, speculative_config=spec).engine
+        t, info = e.cache.tensors, e.info
+        predicted = info.bytes_per_page * t.num_pages + info.bytes_per_slot * t.num_state_rows
+        s = info.speculative or {}
+        out[side] = {"measured_bytes": t.nbytes(), "cache_spec_bytes": predicted,
+                     "bytes_per_page": info.bytes_per_page, "bytes_per_slot": info.bytes_per_slot,
+                     "state_rows": t.num_state_rows, "rollback_rows": s.get("rollback_rows", 0),
+                     "rollback_bytes_per_running_request": (s["rollback_bytes"] // s["rollback_rows"]
+                                                            if s.get("rollback_rows") else 0),
+                     "mtp_bytes_per_token": s.get("mtp_bytes_per_token", 0.0)}
+    out["speculation_adds_per_running_request"] = {
+        side: (out[side]["measured_bytes"] - out["off"]["measured_bytes"]) / num_slots for side in ("ngram", "mtp")}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one model, 2 rounds, short prompts (a smoke run)")
@@ -98,12 +124,14 @@ def main() -> None:
     a = ap.parse_args()
     models = MODELS[:1] if a.quick else MODELS
     rounds, prompt_len, max_tokens = (2, 128, 24) if a.quick else (a.rounds, 512, 64)
+    mem = [memory(m) for m in models]
     runs = [measure(m, c, rounds, prompt_len, max_tokens) for m in models for c in (1, 4)]
     c1 = [r["ratio_mtp_over_off"]["mean"] for r in runs if r["concurrency"] == 1]
     write_result("speculative_mtp", {
         "what": "MTP k=3, synthetic acceptance length 2.99 (outputs not the model's), eager, vs speculation off",
         "prompt_tokens": prompt_len, "max_tokens": max_tokens, "load_avg": os.getloadavg(),
         "runs": runs,
+        "memory": mem,
         "goal": {"decode_tok_s_per_request_ratio_at_c1": GOAL, "met_eager": all(x >= GOAL for x in c1),
                  "static_graphs": "not measured: verify steps (1+k tokens per sequence) run eagerly; static "
                                   "graphs capture single-token decode steps only"},

@@ -238,3 +238,4 @@ def test_synthetic_acceptance_reaches_the_mean_length_and_says_so():
     # a seeded sampled request is reproducible under synthetic acceptance too
     sampled = SamplingParams(max_tokens=20, temperature=0.8, seed=5, ignore_eos=True)
     assert llm.generate(prompts[:1], sampled)[0].token_ids == llm.generate(prompts[:1], sampled)[0].token_ids
+

@@ -9,10 +9,11 @@ Three pools, all addressed per sequence:
   * state (slots): per KDA layer, recurrent state [H, D, D] fp32 and conv state [3Q, K-1];
     slot 0 is the null slot. The indexer tail lives in the same per-sequence slot.
   * MTP (speculative decoding with the model's next-token-prediction layer only): the MTP layer
-    is one more DSA layer with a full indexer (a latent row, an index row, a tail), and
-    ``mtp_hidden`` keeps, per page, the target's final hidden states at the page's last ``kpool``
-    tokens: the MTP entry of a prefix hit's last position depends on the token after the hit,
-    so that entry (and its whole index pool) is recomputed from those saved hidden states.
+    is one more DSA layer with a full indexer (a latent row, an index row, a tail). The MTP entry
+    of a prefix hit's last position depends on the token *after* the hit, so it is recomputed:
+    ``mtp_hidden`` keeps, per page, the target's final hidden state at the page's last token,
+    and with pooled index keys ``mtp_ring`` keeps the MTP indexer's ``[key | gate]`` of the
+    page's other ``kpool - 1`` last tokens, from which that last pool's key is rebuilt.
 ``pools()`` is the one description of every pool tensor (name, unit, shape, dtype): the engine
 allocates from it, budget planning and ``analyze`` read their byte counts from it. State-slot
 pools also hold prefix-cache checkpoints (extra rows of the same tensors).
@@ -105,7 +106,9 @@ class CacheSpec:
             PoolSpec("index_tail", "slot", n_idx if self.kpool > 1 else 0, 1, (self.kpool, 2 * self.index_dim)),
             PoolSpec("conv", "slot", n_kda, 1, (self.conv_dim, self.conv_width)),
             PoolSpec("recurrent", "slot", n_kda, 1, self.state_shape, "float32"),
-            PoolSpec("mtp_hidden", "page", 1 if self.mtp_layers else 0, self.kpool, (self.hidden_dim,)),
+            PoolSpec("mtp_hidden", "page", 1 if self.mtp_layers else 0, 1, (self.hidden_dim,)),
+            PoolSpec("mtp_ring", "page", 1 if self.mtp_layers and self.kpool > 1 else 0, max(self.kpool - 1, 1),
+                     (2 * self.index_dim,)),
         ]
 
     def _kv_pools(self, name: str, rows: int, per_unit: int, dim: int, groups: int) -> list[PoolSpec]:
@@ -159,8 +162,9 @@ class CacheSpec:
         if not self.mtp_layers:
             return 0.0
         n = len(self.mtp_layers)
+        saved = sum(p.bytes_per_unit(dtype) for p in self.pools() if p.name in ("mtp_hidden", "mtp_ring"))
         return (n * self.entry_bytes("latent", dtype) + n * self.entry_bytes("index_keys", dtype) / self.kpool
-                + self.pool("mtp_hidden").bytes_per_unit(dtype) / self.page_size)
+                + saved / self.page_size)
 
     def layout_key(self) -> str:
         """Which pools, with how many layer rows: part of every prefix-cache key, so pages of an

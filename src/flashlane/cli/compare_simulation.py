@@ -181,6 +181,10 @@ class LocalSimulator:
     def beside(self, group: StackRun, target: CompareTarget, run: PointRun, cfg: BenchConfig, source, synth,
                folder: Path) -> dict | None:
         args = self.engine_args(group.flags.get(target.name, []))
+        if args.get("speculative_config"):
+            self.log(f"simulate: stack {group.name} decodes speculatively, which the simulator does not model: "
+                     "no simulated figures beside it")
+            return None
         setup = self.setup(target.model, args)
         if setup is None:
             return None
@@ -201,7 +205,8 @@ class LocalSimulator:
         hyb = next((t for t in targets if t.role == "hybrid"), None)
         std = next((t for t in targets if t.role == "standard"), None)
         cands = [g for g in groups if g.stack and hyb and std and g.points.get(hyb.name) and g.points.get(std.name)
-                 and all(not g.stack.external(t.role) for t in (hyb, std))]
+                 and all(not g.stack.external(t.role) for t in (hyb, std))
+                 and not any(self.engine_args(g.flags.get(t.name, [])).get("speculative_config") for t in (hyb, std))]
         if not cands:
             return None
 

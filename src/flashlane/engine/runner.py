@@ -10,6 +10,7 @@ import torch
 from ..kernels.backends import KernelBackend
 from ..kernels.sampling import sample, sampling_probs, topk_logprobs
 from ..models.forward_batch import ForwardBatch
+from ..models.state_replay import StateReplay
 from ..trace_ranges import profiling_range
 from .cache.manager import CacheManager
 from .compiled_decode import CompiledDecode
@@ -35,6 +36,7 @@ class ModelRunner:
         self.ops = ops                    # the kernel backend every batch carries (None: the device's default)
         self.index_topk = index_topk      # the engine's sparse-attention override (None: the config's)
         self.model = model
+        self.state_replay = StateReplay(model)    # speculative rollback: stateful layers only
         self.cache = cache
         self.compiled = compiled          # static-graph decode buckets (None: always eager)
         self.generator = torch.Generator().manual_seed(seed)
@@ -64,30 +66,35 @@ class ModelRunner:
                 self.cache.snapshots.copy(slots[b], kept[b])
         batch = ForwardBatch.build(new_tokens, starts, tables, slots, self.cache.tensors, self.index_topk,
                                    ops=self.ops)
+        if kept:
+            batch.record = {}
         hidden = self.model(batch)
         cu = batch.cu_q.tolist()
         results = self._timed_sample(seqs, starts, cu, hidden)
         if kept:
-            self._roll_back(seqs, results, new_tokens, starts, tables, slots, kept)
+            self._roll_back(seqs, results, new_tokens, starts, tables, slots, kept, batch.record, cu)
         if self.mtp is not None:
             self.mtp.run(seqs, starts, tables, slots, cu, hidden, results)
         return results
 
-    def _roll_back(self, seqs, results, new_tokens, starts, tables, slots, kept: dict[int, int]) -> None:
+    def _roll_back(self, seqs, results, new_tokens, starts, tables, slots, kept: dict[int, int],
+                   record: dict, cu: list[int]) -> None:
         """Sequences that rejected drafts get their state back from before the verify step and
-        recompute the tokens they kept (one forward for all of them): every state row then
-        holds exactly what a run without drafts would. Pages need nothing: the rows past the
-        accepted tokens are simply overwritten later."""
+        advance it again over the tokens they kept, from the inputs the stateful layers recorded
+        in the verify forward (``models.state_replay``): every state row then holds what a run
+        without drafts would. Pages need nothing: the rows past the accepted tokens are simply
+        overwritten later."""
         replay = [b for b in kept if len(results[b].tokens) - 1 < len(seqs[b].draft)]
         if not replay:
             return
         for b in replay:
             self.cache.snapshots.copy(kept[b], slots[b])
         keep = [new_tokens[b][: seqs[b].num_known + len(results[b].tokens) - 1] for b in replay]
+        rows = torch.tensor([cu[b] + j for b, k in zip(replay, keep) for j in range(len(k))], dtype=torch.long)
         batch = ForwardBatch.build(keep, [starts[b] for b in replay], [tables[b] for b in replay],
                                    [slots[b] for b in replay], self.cache.tensors, self.index_topk, ops=self.ops)
         with profiling_range("draft_rollback"):
-            self.model(batch)
+            self.state_replay(record, rows, batch)
 
     def _run_compiled(self, seqs) -> list[SeqResult]:
         starts = [s.req.num_computed_tokens for s in seqs]

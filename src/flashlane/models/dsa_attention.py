@@ -38,6 +38,7 @@ class Indexer(KeepFp32):
         self.rope_dim = cfg.qk_rope_head_dim
         self.topk, self.kpool = cfg.index_topk, cfg.index_kpool
         self.always_select_tail = cfg.index_always_select_tail
+        self.rope_theta = cfg.rope_theta
         if self.rope_dim > self.head_dim:
             raise ValueError(f"qk_rope_head_dim ({self.rope_dim}) exceeds index_head_dim ({self.head_dim})")
         self.wq_b = nn.Linear(cfg.q_lora_rank, self.n_heads * self.head_dim, bias=False)
@@ -55,16 +56,39 @@ class Indexer(KeepFp32):
         row = cache.spec.index_row(self.layer_id)
         keys, key_scale = cache.layer("index_keys", row), cache.layer("index_keys_scale", row)
         q = _rope_front(ops, self.wq_b(cq).view(n, self.n_heads, self.head_dim), self.rope_dim, cos_sin)
-        k = _rope_front(ops, self.k_norm(self.wk(x)), self.rope_dim, cos_sin)
         w = self.weights_proj(x.to(self.weights_proj.weight.dtype)).float() * self.n_heads ** -0.5
+        if batch.record is not None and self.kpool > 1:
+            batch.record[self.layer_id] = x
+        self._write_keys(x, batch, cos_sin)
+        return ops.select_positions(q, w, keys, key_scale, batch, topk=batch.index_topk or self.topk,
+                                    kpool=self.kpool, always_select_tail=self.always_select_tail)
+
+    def _write_keys(self, x: torch.Tensor, batch: ForwardBatch, cos_sin) -> None:
+        cache, ops = batch.cache, batch.ops
+        row = cache.spec.index_row(self.layer_id)
+        keys, key_scale = cache.layer("index_keys", row), cache.layer("index_keys_scale", row)
+        k = _rope_front(ops, self.k_norm(self.wk(x)), self.rope_dim, cos_sin)
         if self.kpool == 1:
             ops.write_index_keys(keys, k, key_scale, batch)
         else:
             ops.write_index_keys(keys, k, key_scale, batch, kpool=self.kpool,
                                  gates=F.linear(x, self.index_kpool_compress_gate),
                                  ape=self.index_kpool_compress_ape, tail=cache.layer("index_tail", row))
-        return ops.select_positions(q, w, keys, key_scale, batch, topk=batch.index_topk or self.topk,
-                                    kpool=self.kpool, always_select_tail=self.always_select_tail)
+
+    @torch.no_grad()
+    def tail_entries(self, x: torch.Tensor, positions: torch.Tensor, ops: KernelBackend) -> torch.Tensor:
+        """The ``[key | gate]`` tail-ring entries [N, 2D] of tokens whose layer input is ``x``
+        (what ``write_index_keys`` keeps for a pool's members), in the ring's dtype."""
+        cos_sin = ops.rope_cos_sin(positions, self.rope_dim, self.rope_theta) if self.rope_dim else None
+        k = _rope_front(ops, self.k_norm(self.wk(x)), self.rope_dim, cos_sin)
+        return torch.cat([k, F.linear(x, self.index_kpool_compress_gate)], dim=-1)
+
+    @torch.no_grad()
+    def replay_state(self, x: torch.Tensor, batch: ForwardBatch) -> None:
+        """Rewrite the pooled keys and the tail ring (per-sequence state) of tokens whose layer
+        input ``x`` was recorded (a speculative rollback)."""
+        cos_sin = batch.ops.rope_cos_sin(batch.positions, self.rope_dim, self.rope_theta) if self.rope_dim else None
+        self._write_keys(x, batch, cos_sin)
 
 
 class DSAAttention(nn.Module):

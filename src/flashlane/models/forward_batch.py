@@ -39,6 +39,9 @@ class ForwardBatch:
     # of fixed shapes. The kernel backend's ops take their branch-free paths for it.
     static: bool = False
     ops: KernelBackend | None = None   # None: select_backend(cache.device)
+    # speculative decoding: the layers that keep per-sequence state put the inputs they saw here
+    # (layer id -> [N, hidden]), so a rollback recomputes only that state (``models.state_replay``)
+    record: dict | None = None
 
     def __post_init__(self) -> None:
         if self.ops is None:

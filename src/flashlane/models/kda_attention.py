@@ -79,19 +79,31 @@ class KDAAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """x [N, hidden] (normed block input) -> [N, hidden]; updates this layer's state slots."""
+        if batch.record is not None:
+            batch.record[self.layer_id] = x
+        n = x.shape[0]
+        out = self._advance_state(x, batch)
+        gate = self.g_b_proj(self.g_a_proj(x)).view(n, self.heads, self.head_dim)
+        return self.o_proj(self.o_norm(out, gate).reshape(n, self.qkv_dim))
+
+    def _advance_state(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """Conv + recurrence over the new tokens from each slot's state (left in the slot); the
+        recurrence's output [N, H, Dv]."""
         cache, ops = batch.cache, batch.ops
         row = cache.spec.kda_row(self.layer_id)
         conv_state, rec_state = cache.layer("conv", row), cache.layer("recurrent", row)
         n = x.shape[0]
-
         mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
         mixed = ops.short_conv(mixed, self.conv1d.weight, conv_state, batch)
         q, k, v = (t.view(n, self.heads, self.head_dim) for t in mixed.split(self.qkv_dim, dim=-1))
         g = self.forget_gate(x, ops)
         beta = torch.sigmoid(self.b_proj(x))
-        out = ops.kda(q, k, v, g, beta, rec_state, batch)
-        gate = self.g_b_proj(self.g_a_proj(x)).view(n, self.heads, self.head_dim)
-        return self.o_proj(self.o_norm(out, gate).reshape(n, self.qkv_dim))
+        return ops.kda(q, k, v, g, beta, rec_state, batch)
+
+    def replay_state(self, x: torch.Tensor, batch: ForwardBatch) -> None:
+        """Advance the slots' conv and recurrent state over tokens whose layer input ``x`` was
+        recorded (a speculative rollback), without the output projections."""
+        self._advance_state(x, batch)
 
 
 __all__ = ["KDAAttention", "KDAForgetGate", "GatedHeadNorm"]

@@ -7,9 +7,10 @@ step, where the scheduler proposes them and the target verifies them.
 Position ``p`` of the MTP layer reads the token at ``p + 1`` and the target's hidden state at
 ``p``, so its cache row depends on the token *after* ``p``. A prefix-cache hit ends at a page
 boundary whose next token may differ from the request that wrote the page: that row is
-recomputed, with the rest of its index pool (``kpool`` positions, so the pooled key is rebuilt
-from fresh members rather than from a tail ring that has moved on), from the target hidden
-states saved at the end of every page (``mtp_hidden`` in ``cache_spec``).
+recomputed from the target hidden state saved at the end of every page (``mtp_hidden`` in
+``cache_spec``), and with pooled index keys its pool's key is rebuilt from the MTP indexer's
+entries of the page's other last ``kpool - 1`` tokens, saved beside it (``mtp_ring``) and put
+back into the tail ring first (the ring itself has moved on since).
 Chained drafts write the MTP layer's rows past the committed tokens (into pages the scheduler
 reserved ahead, ``lookahead``); those rows are overwritten by the next step's pass, and the
 MTP layer's indexer tail (per-sequence state) is put back after the chain.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from ...models.dsa_attention import Indexer
 from ...models.forward_batch import ForwardBatch
 
 
@@ -41,9 +43,14 @@ class MtpPass:
         self.index_topk, self.ops = index_topk, ops
         spec = cache.spec
         self.page, self.kpool = spec.page_size, spec.kpool
-        self.hidden_pool = cache.tensors.pools["mtp_hidden"][0]          # [pages * kpool, H]
-        self.state_rows = {name: [r] for name in ("index_tail",) if spec.pool(name) is not None
-                           for r in [spec.index_row(spec.mtp_layers[0])]}
+        layer = spec.mtp_layers[0]
+        pools = cache.tensors.pools
+        self.hidden_pool = pools["mtp_hidden"][0]                    # [pages, H]
+        self.ring_pool = pools["mtp_ring"][0] if "mtp_ring" in pools else None    # [pages * (kpool-1), 2D]
+        tail = cache.tensors.layer("index_tail", spec.index_row(layer))
+        self.tail = tail                                             # [state rows, kpool, 2D] or None
+        self.indexer = next(m for m in model.modules() if isinstance(m, Indexer) and m.layer_id == layer)
+        self.state_rows = {"index_tail": [spec.index_row(layer)]} if tail is not None else {}
 
     def _batch(self, tokens, starts, tables, slots) -> ForwardBatch:
         return ForwardBatch.build(tokens, starts, tables, slots, self.cache.tensors, self.index_topk, ops=self.ops)
@@ -51,46 +58,70 @@ class MtpPass:
     def run(self, seqs, starts: list[int], tables, slots, cu: list[int], hidden: torch.Tensor, results) -> None:
         """After a step's forward (and any rollback): ``hidden`` holds the target's rows of every
         scheduled token (sequence ``b`` from ``cu[b]``); ``results`` what each sequence gained."""
-        toks, st, rows, redo_pages, last = [], [], [], [], []
-        saved_rows, saved_at = [], []
-        gained_of = []
+        toks, st, tb, sl, parts, last, members, gained_of = [], [], [], [], [], [], [], []
+        page_ends = []            # (row in the MTP batch, page): the target hidden saved per page
+        ring_rows = []            # (row in the MTP batch, flat mtp_ring row)
+        at = 0
         for b, s in enumerate(seqs):
             req, c = s.req, starts[b]
             res = results[b]
             gained = res.tokens if res.tokens is not None else [] if res.token is None else [res.token]
-            gained_of.append(gained)
             m = s.num_known + (len(gained) - 1 if s.draft else 0)
             known = req.all_token_ids
             nxt = (known[c + 1: c + s.num_known] + gained) if gained else known[c + 1: c + s.num_known + 1]
             m = min(m, len(nxt))
             redo = c > 0 and req.mtp_position != c
-            if redo and c % self.page:
-                raise RuntimeError(f"request {req.request_id}: the MTP cache ends at {req.mtp_position}, the "
-                                   f"step starts at {c}, which is not a page boundary")
-            toks.append((known[c - self.kpool + 1: c + 1] if redo else []) + nxt[:m])
-            st.append(c - self.kpool if redo else c)
-            redo_pages.append(tables[b][(c - 1) // self.page] if redo else None)
+            if m == 0 and not redo:       # nothing committed with a known next token
+                req.draft_token_ids = []
+                continue
+            if redo:
+                self._put_back_ring(req, c, tables[b], slots[b])
+                parts.append(self.hidden_pool[tables[b][(c - 1) // self.page]][None])
+            toks.append(([known[c]] if redo else []) + nxt[:m])
+            st.append(c - 1 if redo else c)
+            parts.append(hidden[cu[b]: cu[b] + m])
+            at += redo
             for j in range(m):
-                rows.append(cu[b] + j)
-                at_page = (c + j) % self.page - (self.page - self.kpool)
-                if at_page >= 0:
-                    saved_rows.append(cu[b] + j)
-                    saved_at.append(tables[b][(c + j) // self.page] * self.kpool + at_page)
+                p, page = c + j, tables[b][(c + j) // self.page]
+                offset = p % self.page - (self.page - self.kpool)
+                if offset == self.kpool - 1:
+                    page_ends.append((at + j, page))
+                elif offset >= 0:
+                    ring_rows.append((at + j, page * (self.kpool - 1) + offset))
+            at += m
             req.mtp_position = c + m
-            last.append(sum(len(t) for t in toks) - 1)
-        parts, at = [], 0
-        h_rows = hidden[torch.tensor(rows, dtype=torch.long)]
-        for b, page in enumerate(redo_pages):
-            n = len(toks[b]) - (0 if page is None else self.kpool)
-            if page is not None:
-                parts.append(self.hidden_pool[page * self.kpool: (page + 1) * self.kpool])
-            parts.append(h_rows[at: at + n])
-            at += n
+            last.append(at - 1)
+            members.append(b)
+            gained_of.append(gained)
+            tb.append(tables[b])
+            sl.append(slots[b])
+        if not members:
+            return
         h_in = torch.cat(parts)
-        if saved_rows:
-            self.hidden_pool[torch.tensor(saved_at, dtype=torch.long)] = hidden[torch.tensor(saved_rows, dtype=torch.long)]
-        out = self.model.mtp(self._batch(toks, st, tables, slots), h_in)
-        self._draft(seqs, tables, slots, gained_of, out[torch.tensor(last, dtype=torch.long)])
+        batch = self._batch(toks, st, tb, sl)
+        if page_ends:
+            rows, pages = zip(*page_ends)
+            self.hidden_pool[torch.tensor(pages, dtype=torch.long)] = h_in[torch.tensor(rows, dtype=torch.long)]
+        batch.record = {} if ring_rows else None
+        out = self.model.mtp(batch, h_in)
+        if ring_rows:
+            rows, flat = (torch.tensor(x, dtype=torch.long) for x in zip(*ring_rows))
+            x = batch.record[self.indexer.layer_id][rows]
+            self.ring_pool[flat] = self.indexer.tail_entries(x, batch.positions[rows], self.ops).to(self.ring_pool.dtype)
+        self._draft([seqs[b] for b in members], tb, sl, gained_of, out[torch.tensor(last, dtype=torch.long)])
+
+    def _put_back_ring(self, req, c: int, table: list[int], slot: int) -> None:
+        """Before recomputing a prefix hit's last MTP row (position ``c - 1``): the ring entries
+        of the other members of its pool, saved with the page."""
+        if c % self.page:
+            raise RuntimeError(f"request {req.request_id}: the MTP cache ends at {req.mtp_position}, the "
+                               f"step starts at {c}, which is not a page boundary")
+        if self.ring_pool is None:
+            return
+        page = table[(c - 1) // self.page]
+        saved = self.ring_pool[page * (self.kpool - 1): (page + 1) * (self.kpool - 1)]
+        members = [(c - self.kpool + i) % self.kpool for i in range(self.kpool - 1)]
+        self.tail[slot, torch.tensor(members, dtype=torch.long)] = saved.to(self.tail.dtype)
 
     def _draft(self, seqs, tables, slots, gained_of, h_last: torch.Tensor) -> None:
         """Chain up to ``k`` drafts for every sequence that will decode next; the others get none."""
