@@ -177,11 +177,10 @@ def test_ids_equal_under_preemption_and_stop_tokens(name):
     assert [o.token_ids for o in tight.generate(prompts, stopped)] == want_stopped
 
 
-@pytest.mark.parametrize("name", MODELS)
-def test_prefix_hit_then_rejection_matches_plain(name):
-    """vLLM #43559: after a prefix-cache hit, a partly rejected draft must leave the recurrent
-    state where the accepted tokens put it (and checkpoints come from accepted tokens only)."""
-    m = _model(name)
+def check_prefix_hit_then_rejection(m, plain, spec_with_oracle) -> None:
+    """A four-turn session (each turn's prompt extends the last turn's): ids and cached-token
+    counts equal the plain run's, later turns hit, drafts are both accepted and rejected.
+    ``spec_with_oracle(prompts, outputs)``: the speculative engine with oracle drafts."""
     v = min(m.config.vocab_size, 4000)
     first = _prompts(m, 1, seed=41)[0]
     extra = random_prompts(4, 5, 30, v, seed=42)
@@ -196,14 +195,22 @@ def test_prefix_hit_then_rejection_matches_plain(name):
             prompt = prompt + out.token_ids + extra[t] + first[:12]
         return outs, prompts
 
-    want, prompts = conversation(_llm(m))
-    spec = _with_oracle(_llm(m, 3), prompts, [ids for ids, _ in want], 3)
+    want, prompts = conversation(plain)
+    spec = spec_with_oracle(prompts, [ids for ids, _ in want])
     got, _ = conversation(spec)
     assert [ids for ids, _ in got] == [ids for ids, _ in want]
     assert [cached for _, cached in got] == [cached for _, cached in want]
     assert any(cached for _, cached in got[1:])
     drafted, accepted = _drafted(spec)
     assert 0 < accepted < drafted
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_prefix_hit_then_rejection_matches_plain(name):
+    """vLLM #43559: after a prefix-cache hit, a partly rejected draft must leave the recurrent
+    state where the accepted tokens put it (and checkpoints come from accepted tokens only)."""
+    m = _model(name)
+    check_prefix_hit_then_rejection(m, _llm(m), lambda prompts, outs: _with_oracle(_llm(m, 3), prompts, outs, 3))
 
 
 def test_rejection_sampling_keeps_the_target_distribution():

@@ -17,7 +17,7 @@ from flashlane.engine.speculative.config import synthetic_rate
 from flashlane.models.forward_batch import ForwardBatch
 
 from engine_models import preset, random_prompts, small_glm, tiny_llama
-from test_speculative import _Oracle, _prompts
+from test_speculative import _Oracle, _prompts, check_prefix_hit_then_rejection
 
 # the presets, and hidden configs: other depths, layer patterns, kpool and hc_mult than the presets
 MODELS = ["tiny-flash", "tiny-standard", "small-glm5_next", "small-glm5_next-kpool2-hc2", "small-glm_moe_dsa"]
@@ -144,28 +144,7 @@ def test_prefix_hit_then_rejection_matches_plain(name):
     """vLLM #43559 with MTP: after a prefix-cache hit, partly rejected drafts leave every state
     (the target's and the MTP layer's) where the accepted tokens put them."""
     m = _model(name)
-    v = min(m.config.vocab_size, 4000)
-    first = _prompts(m, 1, seed=41)[0]
-    extra = random_prompts(4, 5, 30, v, seed=42)
-    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
-
-    def conversation(llm):
-        prompt, outs, prompts = list(first), [], []
-        for t in range(4):
-            out = llm.generate([prompt], params)[0]
-            outs.append((out.token_ids, out.num_cached_tokens))
-            prompts.append(prompt)
-            prompt = prompt + out.token_ids + extra[t] + first[:12]
-        return outs, prompts
-
-    want, prompts = conversation(_llm(m))
-    spec = _with_oracle(_llm(m, 3), prompts, [ids for ids, _ in want], 3)
-    got, _ = conversation(spec)
-    assert [ids for ids, _ in got] == [ids for ids, _ in want]
-    assert [cached for _, cached in got] == [cached for _, cached in want]
-    assert any(cached for _, cached in got[1:])
-    drafted, accepted = _drafted(spec)
-    assert 0 < accepted < drafted
+    check_prefix_hit_then_rejection(m, _llm(m), lambda prompts, outs: _with_oracle(_llm(m, 3), prompts, outs, 3))
 
 
 # ---- the drafts themselves ------------------------------------------------------------------------
