@@ -203,6 +203,17 @@ class Server:
             self.proc.wait(timeout=10)
 
 
+def engine_report(server: Server) -> dict:
+    """What flashlane's engine chose at start-up (dtype, threads, kernel backend, linears' format),
+    from the start-up report its /v1/models carries."""
+    import httpx
+
+    model = httpx.get(server.url + "/v1/models", timeout=10.0).json()["data"][0]
+    report = model.get("flashlane") or {}
+    return {k: report.get(k) for k in ("dtype", "num_threads", "kernel_backend", "linear_kernel",
+                                        "compiled_decode", "prefix_caching")}
+
+
 def run_bench(server: Server, wl: Workload, seed: int, tokenizer: Path, out_dir: Path) -> dict:
     """One `flashlane bench` run (its CLI, a subprocess: HTTP only); its summary's numbers."""
     cmd = [sys.executable, "-m", "flashlane.cli.main", "bench", "--base-url", server.url, "--model", SERVED_NAME,
@@ -319,6 +330,7 @@ def main(argv: list[str] | None = None) -> None:
         for s in servers.values():
             s.start()
         result["startup_s"] = {n: s.startup_s for n, s in servers.items()}
+        result["flashlane_engine"] = engine_report(servers["flashlane"])
         result["commands"] = {n: shlex.join(s.command) for n, s in servers.items()}
         for r, side in abba(args.rounds):
             for wl in wls:

@@ -31,6 +31,8 @@ ALLOWED_KERNEL_IMPORTS = {
     ("quantize.py", "flashlane.kernels.int8_plan"): "choosing the int8 kernel per row count (timed at load)",
     ("quantize.py", "flashlane.kernels.quant_matmul"): "quantising the weights once, and the kernel names "
                                                        "FLASHLANE_INT8_KERNEL may pin",
+    ("packed_linear.py", "flashlane.kernels.linear_plan"): "reordering the weights once at load (the multiply "
+                                                           "goes through the backend's dense_linear)",
 }
 
 

@@ -195,3 +195,25 @@ def test_compare_calibration_grid_reaches_the_concurrency_it_simulates():
     wide = grid_args("compare", 8)
     assert wide[wide.index("--batches") + 1] == "1,4,8" and CALIBRATION_GRIDS["compare"][3] == "1,4"
     assert grid_args("quick", 8) == ["--quick"]
+
+
+def test_a_speculative_stack_gets_no_simulated_figures_and_no_counterfactual(tmp_path):
+    """The simulator does not model speculative decoding: compare says so and simulates nothing
+    for such a stack (no calibration is started), nor builds its waterfall from one."""
+    from types import SimpleNamespace
+
+    from flashlane.cli.compare_simulation import LocalSimulator
+
+    logs: list[str] = []
+    sim = LocalSimulator([], tmp_path, log=logs.append, cache_dir=tmp_path / "cal")
+    spec = ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}']
+    hyb = SimpleNamespace(name="tiny-flash", model="tiny-flash", role="hybrid")
+    std = SimpleNamespace(name="tiny-standard", model="tiny-standard", role="standard")
+    group = SimpleNamespace(name="flashlane-spec", flags={hyb.name: spec, std.name: spec},
+                            stack=SimpleNamespace(external=lambda role: False),
+                            points={hyb.name: [SimpleNamespace(latencies=[2.0])],
+                                    std.name: [SimpleNamespace(latencies=[1.0])]})
+    assert sim.beside(group, hyb, run=None, cfg=None, source=None, synth=None, folder=tmp_path) is None
+    assert any("decodes speculatively" in line and "flashlane-spec" in line for line in logs)
+    assert sim.counterfactuals([group], [hyb, std], None, None, tmp_path) is None
+    assert not (tmp_path / "cal").exists()          # nothing was calibrated

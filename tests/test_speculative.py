@@ -125,7 +125,7 @@ def _with_oracle(llm, prompts, outputs, k: int):
 
 
 @pytest.mark.parametrize("name", MODELS + HIDDEN)
-@pytest.mark.parametrize("k", [1, 2, 4])
+@pytest.mark.parametrize("k", [1, 4])   # 2 adds ~20 s and no path 1 and 4 miss
 def test_ids_equal_speculation_off_batched_and_chunked(name, k):
     m = _model(name)
     prompts = _prompts(m, 6, seed=k)

@@ -108,7 +108,7 @@ def test_cache_spec_counts_the_mtp_layer():
 
 # ---- exactness ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", MODELS)
-@pytest.mark.parametrize("k", [1, 3, 4])
+@pytest.mark.parametrize("k", [1, 4])
 def test_ids_equal_speculation_off_batched_and_chunked(name, k):
     m = _model(name)
     prompts = _prompts(m, 5, seed=k)

@@ -50,6 +50,8 @@ class EngineInfo:
     compiled_decode: dict | None = None
     # the kernel backend every model op runs on: {"name", "description"} (engine arg kernel_backend)
     kernel_backend: dict | None = None
+    # float linears' weight format (engine arg linear_kernel): {"format", "why", "linears", "extra_bytes"}
+    linear_kernel: dict | None = None
     # speculative decoding: the parsed speculative_config plus "rollback_rows" and "rollback_bytes"
     # (a state row per slot for stateful models); None = off
     speculative: dict | None = None
@@ -72,6 +74,9 @@ class EngineInfo:
             line += f" (dtype auto: {self.dtype_reason})"
         if self.kernel_backend:
             line += f"; kernel backend {self.kernel_backend['description']}"
+        if self.linear_kernel:
+            lk = self.linear_kernel
+            line += f"; linears {lk['format']}" + (f" ({lk['linears']} packed)" if lk["linears"] else "")
         return line + "; " + self.quantization_summary
 
     def describe_compile(self) -> str:

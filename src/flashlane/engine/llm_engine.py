@@ -12,8 +12,10 @@ import torch
 
 from ..cache_spec import cache_spec
 from ..kernels.backends import select_backend
+from ..kernels.linear_plan import LinearPlan, choose_linear_plan
 from ..models.dsa_attention import check_index_topk
 from ..models.loader import auto_cpu_dtype_choice
+from ..models.packed_linear import PackReport, pack_linears
 from ..models.protocol import CausalLM, Compilable
 from ..models.protocol import MtpDrafter as MtpDrafterModel
 from ..models.quantize import Int8Embedding, quantize, weight_bytes
@@ -58,7 +60,9 @@ class LLMEngine:
                              f"({self.config.arch}) has none (num_nextn_predict_layers = "
                              f"{self.config.num_mtp_layers}, or no MTP weights in the checkpoint)")
         spec = cache_spec(self.config, args.page_size, args.kv_cache_dtype, mtp=mtp)
-        plan = self._build_cache(spec)
+        plan = self._build_cache(spec)          # (its disk-tier fingerprint reads the weights as loaded)
+        self.weight_bytes = weight_bytes(self.model)
+        self.linears = self._pack_linears(loaded_here)
         self.max_model_len = min(args.max_model_len or self.config.max_position_embeddings, plan.num_tokens)
         max_running = max_running_seqs(args, spec, plan)
         self.scheduler = build_scheduler(args, self.config, self.cache, max_running)
@@ -108,6 +112,24 @@ class LLMEngine:
         self.tokenizer = None if args.skip_tokenizer_init else model.tokenizer  # None: token ids only
         self.model_name = model.name
 
+    def _pack_linears(self, loaded_here: bool) -> PackReport:
+        """The float linears' weight format: timed or named (engine arg linear_kernel); static
+        graphs and int8 weights keep theirs, and "auto" leaves a model object it was given as it
+        is (packing replaces modules in place, under the caller's feet)."""
+        args = self.args
+        if args.compile:
+            plan = LinearPlan("aten", "compile: Inductor lays out the weights of a compiled step")
+        elif args.quantization:
+            plan = LinearPlan("aten", f"quantization {args.quantization}: the linears are int8")
+        elif args.linear_kernel == "auto" and not loaded_here:
+            plan = LinearPlan("aten", "auto leaves a model object it was given as loaded (linear_kernel "
+                                      "'onednn' packs it in place)")
+        else:
+            plan = choose_linear_plan(args.linear_kernel, self.dtype, args.device)
+        report = pack_linears(self.model, plan, self.ops)
+        log.info(report.describe())
+        return report
+
     def _build_cache(self, spec) -> CachePlan:
         args = self.args
         plan = plan_cache(spec, self.dtype, args.cache_memory, args.max_num_seqs,
@@ -154,12 +176,13 @@ class LLMEngine:
             disk_cache_dir=args.disk_cache_dir, disk_cache_bytes=args.disk_cache_bytes,
             scheduler=args.scheduler,
             static_batch_size=args.static_batch_size if args.scheduler == "static" else None,
-            weight_bytes=weight_bytes(self.model), quantization=self._quant_report(),
+            weight_bytes=self.weight_bytes + self.linears.extra_bytes, quantization=self._quant_report(),
             quantization_summary="no quantization" if self.quant is None else self.quant.describe(),
             dtype_reason=(auto_cpu_dtype_choice().why if args.dtype == "auto" and loaded_here
                           and torch.device(args.device).type == "cpu" else None),
             num_threads=torch.get_num_threads(),
             kernel_backend={"name": self.ops.name, "description": self.ops.describe()},
+            linear_kernel=self.linears.as_dict(),
             speculative=None if self.speculative is None else {
                 **self.speculative.as_dict(), "rollback_rows": plan.num_draft_rows,
                 "mtp_bytes_per_token": spec.mtp_bytes_per_token(dtype_name),

@@ -155,6 +155,12 @@ class KernelBackend(ABC):
         plan, or None for the default kernel) picks the int8 matmul."""
 
     @abstractmethod
+    def dense_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                     fmt: str = "aten") -> torch.Tensor:
+        """x @ W^T + bias with the float weight W held in storage format ``fmt`` (``kernels.linear_plan``:
+        ``aten`` = as loaded, ``onednn`` = reordered once for oneDNN)."""
+
+    @abstractmethod
     def int8_linear(self, x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
                     bias: torch.Tensor | None, plan: Any = None) -> torch.Tensor:
         """x @ (qweight * scale)^T + bias with int8 weights [out, in] and per-row scales [out]."""

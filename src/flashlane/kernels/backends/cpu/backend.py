@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ... import indexer, kda, kv_store, mhc, moe, quant_matmul, rope, short_conv, sparse_mla
+from ... import indexer, kda, kv_store, linear_plan, mhc, moe, quant_matmul, rope, short_conv, sparse_mla
 from ...compiled import compiled as compiled_fn
 from ...sparse_mla_expanded import prefer_expanded, sparse_mla_expanded
 from ..base import KernelBackend, VarlenBatch
@@ -183,6 +183,9 @@ class CpuBackend(KernelBackend):
                          plan=None):
         return moe.grouped_experts_int8(x, weights, ids, gate_up_q, gate_up_scale, down_q, down_scale, swiglu_limit,
                                         linear=None if plan is None else plan.linear)
+
+    def dense_linear(self, x, weight, bias, fmt="aten"):
+        return linear_plan.linear(fmt, x, weight, bias)
 
     def int8_linear(self, x, qweight, scale, bias, plan=None):
         if plan is None:

@@ -1,0 +1,179 @@
+"""Float linears' weight format (engine arg linear_kernel): the timed choice, the packed module
+against nn.Linear, and the engine with packed weights against the engine without."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from engine_models import preset, random_prompts, small_glm, tiny_llama
+from flashlane.engine.llm import LLM
+from flashlane.engine.sampling_params import SamplingParams
+from flashlane.kernels.backends import select_backend
+from flashlane.kernels.linear_plan import (DECODE_SHAPE, LinearPlan, choose_linear_plan, linear, pack_weight,
+                                           unavailable)
+from flashlane.models.packed_linear import PackedLinear, pack_linears
+
+ONEDNN = unavailable("onednn", torch.float32) is None
+needs_onednn = pytest.mark.skipif(not ONEDNN, reason="this torch build has no oneDNN")
+GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+
+
+def _timer(decode: float, batch: float, prefill: float):
+    """A fake timer: aten takes 1 s everywhere, onednn the given seconds per row class."""
+    def timer(fmt, rows, shape, dtype):
+        if fmt == "aten":
+            return 1.0
+        return {1: decode, 16: batch, 128: prefill}[rows]
+    return timer
+
+
+# ---- the choice ---------------------------------------------------------------------------------
+
+@needs_onednn
+@pytest.mark.parametrize("times, want", [
+    ((1.0, 0.6, 0.6), "onednn"),      # equal at decode, faster in batches
+    ((1.04, 0.8, 0.8), "onednn"),     # within the decode noise allowance
+    ((1.2, 0.5, 0.5), "aten"),        # slower at decode: decode is what streams the weights
+    ((0.9, 0.95, 0.95), "aten"),      # not 10% faster in batches: not worth a different layout
+])
+def test_auto_takes_onednn_only_where_it_is_no_slower_at_decode_and_faster_in_batches(times, want,
+                                                                                         monkeypatch):
+    monkeypatch.delenv("FLASHLANE_LINEAR_KERNEL", raising=False)
+    plan = choose_linear_plan("auto", torch.float32, timer=_timer(*times))
+    assert plan.format == want
+    assert "timed:" in plan.why and "decode (1 rows" in plan.why and f"{DECODE_SHAPE[0]}x{DECODE_SHAPE[1]}" in plan.why
+
+
+def test_named_pinned_and_impossible_choices(monkeypatch):
+    monkeypatch.delenv("FLASHLANE_LINEAR_KERNEL", raising=False)
+    assert choose_linear_plan("aten", torch.float32) == LinearPlan("aten", "chosen by name")
+    with pytest.raises(ValueError, match="linear_kernel must be one of auto, aten, onednn"):
+        choose_linear_plan("mkl", torch.float32)
+    with pytest.raises(ValueError, match="linear_kernel 'onednn' cannot run here: .*CPU format"):
+        choose_linear_plan("onednn", torch.float32, "meta")
+    assert choose_linear_plan("auto", torch.float32, "meta").format == "aten"     # never timed
+    with pytest.raises(ValueError, match="linear_kernel 'onednn' cannot run here: .*float16"):
+        choose_linear_plan("onednn", torch.float16)
+    monkeypatch.setenv("FLASHLANE_LINEAR_KERNEL", "aten")
+    assert choose_linear_plan("auto", torch.float32).why == "pinned by FLASHLANE_LINEAR_KERNEL"
+    monkeypatch.setenv("FLASHLANE_LINEAR_KERNEL", "fast")
+    with pytest.raises(ValueError, match="FLASHLANE_LINEAR_KERNEL='fast'"):
+        choose_linear_plan("auto", torch.float32)
+
+
+def test_engine_args_name_the_field():
+    with pytest.raises(ValueError, match="linear_kernel must be 'auto', 'aten' or 'onednn'"):
+        LLM(tiny_llama(), dtype="float32", linear_kernel="fast")
+    with pytest.raises(ValueError, match="linear_kernel 'onednn' does not run inside static graphs"):
+        LLM(tiny_llama(), dtype="float32", linear_kernel="onednn", compile=True)
+
+
+# ---- the packed module --------------------------------------------------------------------------
+
+@needs_onednn
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_equals_nn_linear_for_any_row_count_and_leading_shape(bias):
+    torch.manual_seed(0)
+    ref = nn.Linear(96, 80, bias=bias)
+    packed = PackedLinear(copy.deepcopy(ref), "onednn", select_backend("cpu"))
+    for shape in ((1, 96), (7, 96), (130, 96), (2, 5, 96)):
+        x = torch.randn(shape)
+        torch.testing.assert_close(packed(x), ref(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(packed.weight, ref.weight.detach(), rtol=0, atol=0)   # unpacks exactly
+    twin = copy.deepcopy(packed)                        # an opaque tensor has no storage: re-packed
+    x = torch.randn(3, 96)
+    assert torch.equal(twin(x), packed(x)) and twin.packed is not packed.packed
+
+
+@needs_onednn
+def test_pack_linears_replaces_plain_linears_and_counts_a_tied_heads_copy():
+    m = copy.deepcopy(tiny_llama()).model
+    m.lm_head.weight = m.model.embed_tokens.weight                 # tied, as SmolLM2's head is
+    n_linear = sum(type(x) is nn.Linear for x in m.modules())
+    report = pack_linears(m, LinearPlan("onednn", "test"), select_backend("cpu"))
+    assert report.linears == n_linear and not any(type(x) is nn.Linear for x in m.modules())
+    head = m.model.embed_tokens.weight
+    assert report.extra_bytes == head.numel() * head.element_size()
+    assert "onednn" in report.describe() and "tied weights" in report.describe()
+    assert pack_linears(m, LinearPlan("aten", "test"), select_backend("cpu")).linears == 0
+
+
+@needs_onednn
+def test_the_kernel_matches_aten_on_bfloat16_where_onednn_packs_it():
+    if unavailable("onednn", torch.bfloat16):
+        pytest.skip("oneDNN cannot pack bfloat16 on this CPU (needs AVX512BW/VL/DQ or AVX-NE-CONVERT)")
+    torch.manual_seed(0)
+    w, x = torch.randn(64, 48).bfloat16(), torch.randn(5, 48).bfloat16()
+    torch.testing.assert_close(linear("onednn", x, pack_weight("onednn", w), None).float(),
+                               (x.float() @ w.float().T), rtol=2e-2, atol=2e-2)
+
+
+# ---- the engine -------------------------------------------------------------------------------
+
+def _model(name):
+    if name == "tiny-llama":
+        return tiny_llama()
+    if name.startswith("small-"):
+        return small_glm(name.removeprefix("small-"))
+    return preset(name)
+
+
+@needs_onednn
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-flash", "tiny-standard", "small-glm5_next"])
+def test_packed_engine_greedy_equals_aten_batched_and_alone(name):
+    m = _model(name)
+    prompts = random_prompts(4, 5, 70, min(m.config.vocab_size, 4000), seed=3)
+    want = [o.token_ids for o in LLM(m, dtype="float32", linear_kernel="aten", max_num_batched_tokens=64)
+            .generate(prompts, GREEDY)]
+    packed = LLM(copy.deepcopy(m), dtype="float32", linear_kernel="onednn", max_num_batched_tokens=64)
+    info = packed.engine.info.linear_kernel
+    assert info["format"] == "onednn" and info["linears"] > 0 and info["why"] == "chosen by name"
+    assert [o.token_ids for o in packed.generate(prompts, GREEDY)] == want                  # batched
+    assert [packed.generate([p], GREEDY)[0].token_ids for p in prompts] == want            # alone
+
+
+@needs_onednn
+def test_packed_logits_stay_within_1e4_of_aten_on_smollm2():
+    m = preset("smollm2-135m")
+    prompt = random_prompts(1, 40, 40, 4000, seed=5)[0]
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=5)
+    a = LLM(m, dtype="float32", linear_kernel="aten").generate([prompt], params)[0]
+    b = LLM(copy.deepcopy(m), dtype="float32", linear_kernel="onednn").generate([prompt], params)[0]
+    assert a.token_ids == b.token_ids
+    for la, lb in zip(a.logprobs, b.logprobs):
+        for tok, lp in la.items():
+            assert abs(lb[tok] - lp) < 1e-4
+
+
+def test_auto_on_a_model_it_loads_is_timed_and_reported():
+    llm = LLM("tiny-flash", dtype="float32")
+    info = llm.engine.info.linear_kernel
+    assert info["why"].startswith("timed:" if ONEDNN else "onednn:") or "FLASHLANE_LINEAR_KERNEL" in info["why"]
+    assert (info["linears"] > 0) == (info["format"] == "onednn")
+    assert llm.engine.startup["linear_kernel"] == info
+    assert f"linears {info['format']}" in llm.engine.describe_weights()
+
+
+def test_auto_leaves_a_given_model_object_alone_and_says_so():
+    llm = LLM(tiny_llama(), dtype="float32")
+    info = llm.engine.info.linear_kernel
+    assert info["format"] == "aten" and info["linears"] == 0 and "model object" in info["why"]
+    assert any(type(x) is nn.Linear for x in tiny_llama().model.modules())
+    assert "linears aten" in llm.engine.describe_weights()
+
+
+def test_the_serve_flag_reaches_the_engine_args():
+    import argparse
+
+    from flashlane.cli.engine_flags import add_engine_flags, engine_kwargs
+
+    p = argparse.ArgumentParser()
+    add_engine_flags(p)
+    assert engine_kwargs(p.parse_args([]))["linear_kernel"] == "auto"
+    assert engine_kwargs(p.parse_args(["--linear-kernel", "onednn"]))["linear_kernel"] == "onednn"
+    with pytest.raises(SystemExit):
+        p.parse_args(["--linear-kernel", "mkl"])
