@@ -21,7 +21,7 @@ from common import write_result
 from flashlane.bench.stats import paired_ratio_ci
 from flashlane.engine.llm_engine import LLMEngine
 from flashlane.engine.sampling_params import SamplingParams
-from flashlane.kernels.linear_plan import _MEASURED, choose_linear_plan
+from flashlane.kernels.linear_plan import choose_linear_plan
 
 SIDES = ("aten", "onednn")
 
@@ -70,7 +70,6 @@ def main() -> None:
     runs = []
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads)
-        _MEASURED.clear()
         auto = choose_linear_plan("auto", torch.float32)
         engines = {s: LLMEngine(args.model, dtype="float32", num_threads=threads, linear_kernel=s,
                                 enable_prefix_caching=False, max_num_batched_tokens=args.prefill) for s in SIDES}

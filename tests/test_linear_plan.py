@@ -137,6 +137,20 @@ def test_packed_engine_greedy_equals_aten_batched_and_alone(name):
 
 
 @needs_onednn
+def test_packed_mtp_layer_drafts_and_the_ids_stay_those_of_speculation_off():
+    """The MTP layer's linears are packed too; its drafts still verify to the plain greedy ids."""
+    m = small_glm("glm5_next", seed=4, mtp=True)
+    prompts = random_prompts(3, 10, 40, 256, seed=6)
+    want = [o.token_ids for o in LLM(m, dtype="float32", linear_kernel="aten").generate(prompts, GREEDY)]
+    spec = LLM(copy.deepcopy(m), dtype="float32", linear_kernel="onednn", cache_memory=64 << 20,
+               speculative_config={"method": "mtp", "num_speculative_tokens": 2})
+    mtp_layer = spec.engine.model.model.language_model.layers[m.config.num_layers]
+    assert any(type(x) is PackedLinear for x in mtp_layer.modules())
+    assert [o.token_ids for o in spec.generate(prompts, GREEDY)] == want
+    assert spec.engine.stats().get("spec_draft_tokens", 0) > 0       # (random weights: few are accepted)
+
+
+@needs_onednn
 def test_packed_logits_stay_within_1e4_of_aten_on_smollm2():
     m = preset("smollm2-135m")
     prompt = random_prompts(1, 40, 40, 4000, seed=5)[0]

@@ -59,6 +59,18 @@ def detect_cpu_caps() -> CpuCaps:
     return CpuCaps(torch.backends.cpu.get_cpu_capability(), _cpuinfo_flags())
 
 
+_TIMINGS: dict[tuple, float] = {}
+
+
+def timed_once(key: tuple, measure: Callable[[], float]) -> float:
+    """``measure()`` once per process for ``key`` at the current torch thread count: several
+    engines started in one process time each start-up case once."""
+    full = (*key, torch.get_num_threads())
+    if full not in _TIMINGS:
+        _TIMINGS[full] = measure()
+    return _TIMINGS[full]
+
+
 def best_time(fn: Callable[[], object], reps: int = 3) -> float:
     """Seconds of the fastest of ``reps`` calls after one warm-up call (min: least disturbed by
     other work on a shared machine)."""

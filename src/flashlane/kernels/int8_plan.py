@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .cpu_caps import CpuCaps, best_time
+from .cpu_caps import CpuCaps, best_time, timed_once
 from .quant_matmul import KERNELS
 
 METHODS = ("int8", "w8a8")
@@ -78,14 +78,8 @@ def measure_kernel(kernel: str, rows: int, shape: tuple[int, int], dtype: torch.
         return best_time(lambda: fn(x, q, scale))
 
 
-_MEASURED: dict[tuple, float] = {}
-
-
 def _cached_timer(kernel: str, rows: int, shape: tuple[int, int], dtype: torch.dtype) -> float:
-    key = (kernel, rows, shape, dtype, torch.get_num_threads())
-    if key not in _MEASURED:
-        _MEASURED[key] = measure_kernel(kernel, rows, shape, dtype)
-    return _MEASURED[key]
+    return timed_once(("int8", kernel, rows, shape, dtype), lambda: measure_kernel(kernel, rows, shape, dtype))
 
 
 def choose_plan(method: str, caps: CpuCaps, shape: tuple[int, int], device: str = "cpu",

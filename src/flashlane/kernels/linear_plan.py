@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .cpu_caps import best_time
+from .cpu_caps import best_time, timed_once
 
 FORMATS = ("aten", "onednn")
 CHOICES = ("auto", *FORMATS)
@@ -98,14 +98,8 @@ def measure(fmt: str, rows: int, shape: tuple[int, int], dtype: torch.dtype) -> 
         return best_time(lambda: linear(fmt, x, packed, None))
 
 
-_MEASURED: dict[tuple, float] = {}
-
-
 def _cached(fmt: str, rows: int, shape: tuple[int, int], dtype: torch.dtype) -> float:
-    key = (fmt, rows, shape, dtype, torch.get_num_threads())
-    if key not in _MEASURED:
-        _MEASURED[key] = measure(fmt, rows, shape, dtype)
-    return _MEASURED[key]
+    return timed_once(("linear", fmt, rows, shape, dtype), lambda: measure(fmt, rows, shape, dtype))
 
 
 def choose_linear_plan(choice: str, dtype: torch.dtype, device: torch.device | str = "cpu", *,
