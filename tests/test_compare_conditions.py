@@ -27,9 +27,10 @@ def models_doc(**report) -> dict:
 # ---- what a server reports ---------------------------------------------------------------------
 
 def test_conditions_are_read_from_the_flashlane_card():
-    doc = models_doc(dtype="bfloat16", num_threads=4, quantization=None, kv_cache_dtype="int8", arch="x")
+    doc = models_doc(dtype="bfloat16", num_threads=4, quantization=None, kv_cache_dtype="int8", arch="x",
+                     linear_kernel={"format": "onednn", "why": "timed", "linears": 9, "extra_bytes": 0})
     assert server_conditions(doc) == {"dtype": "bfloat16", "num_threads": 4, "quantization": "none",
-                                      "kv_cache_dtype": "int8"}
+                                      "kv_cache_dtype": "int8", "linear_kernel": "onednn"}
     int8 = {"method": "int8", "linears": 12, "experts": 8, "expert_layers": 2, "head": True, "embeddings": 0}
     assert server_conditions(models_doc(quantization=int8))["quantization"] == "int8 (linears, experts, head)"
     assert server_conditions(models_doc(quantization="gguf Q4_1"))["quantization"] == "gguf Q4_1"
@@ -38,12 +39,13 @@ def test_conditions_are_read_from_the_flashlane_card():
 
 
 def test_conditions_a_server_does_not_report_are_none():
-    unknown = dict.fromkeys(("dtype", "num_threads", "quantization", "kv_cache_dtype"))
+    unknown = dict.fromkeys(("dtype", "num_threads", "quantization", "kv_cache_dtype", "linear_kernel"))
     assert server_conditions(None) == unknown
     assert server_conditions({"data": [{"id": "vllm-model", "owned_by": "vllm"}]}) == unknown
     # an older flashlane card without num_threads: only that one is unknown
     old = server_conditions(models_doc(dtype="float32", quantization=None, kv_cache_dtype="float32"))
-    assert old == {"dtype": "float32", "num_threads": None, "quantization": "none", "kv_cache_dtype": "float32"}
+    assert old == {"dtype": "float32", "num_threads": None, "quantization": "none", "kv_cache_dtype": "float32",
+                   "linear_kernel": None}
 
 
 def test_mismatches_name_each_field_both_report_differently():
@@ -55,6 +57,10 @@ def test_mismatches_name_each_field_both_report_differently():
     assert mismatches(a, vllm) == [] and mismatches(vllm, a) == []
     partial = {**b, "num_threads": None, "dtype": "bfloat16"}
     assert mismatches(a, partial) == ["kv_cache_dtype bfloat16 vs float32"]
+    packed = server_conditions(models_doc(dtype="bfloat16", num_threads=1, quantization=None,
+                                          kv_cache_dtype="bfloat16", linear_kernel={"format": "onednn"}))
+    loaded = {**packed, "linear_kernel": "aten"}
+    assert mismatches(packed, loaded) == ["linear_kernel onednn vs aten"]
 
 
 # ---- dtype "auto" says which condition failed --------------------------------------------------
@@ -87,32 +93,41 @@ def machine(monkeypatch):
     monkeypatch.setattr(threads, "busy_cpus", lambda cpus: 1.0)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setenv(AUTO_DTYPE_ENV, "bfloat16")
+    monkeypatch.setenv("FLASHLANE_LINEAR_KERNEL", "aten")
     assert torch.get_num_threads() == 1   # conftest
 
 
 def test_compare_resolves_what_a_fresh_server_would_pick(machine):
     lines = []
     extra, cond = equal_conditions(["--max-num-seqs", "4"], lines.append)
-    assert extra == ["--dtype", "bfloat16", "--num-threads", "2"]
+    assert extra == ["--dtype", "bfloat16", "--num-threads", "2", "--linear-kernel", "aten"]
     assert cond == {"dtype": "bfloat16", "dtype_reason": f"pinned by {AUTO_DTYPE_ENV}", "num_threads": 2,
+                    "linear_kernel": "aten", "linear_kernel_reason": "pinned by FLASHLANE_LINEAR_KERNEL",
                     "source": "resolved once by compare"}
-    assert lines == [f"both servers: dtype bfloat16 (auto: pinned by {AUTO_DTYPE_ENV}), 2 threads"]
+    assert lines == [f"both servers: dtype bfloat16 (auto: pinned by {AUTO_DTYPE_ENV}), 2 threads, linears aten"]
     assert torch.get_num_threads() == 1   # the dtype timing leaves this process's threads as they were
 
 
 def test_compare_resolves_threads_from_omp_num_threads_like_a_server(machine, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    assert equal_conditions([], lambda m: None)[0] == ["--dtype", "bfloat16", "--num-threads", "3"]
+    assert equal_conditions([], lambda m: None)[0] == ["--dtype", "bfloat16", "--num-threads", "3",
+                                                       "--linear-kernel", "aten"]
 
 
 def test_values_given_with_serve_arg_pass_through(machine):
-    assert equal_conditions(["--dtype", "float32", "--num-threads=1"], lambda m: None) == (
+    assert equal_conditions(["--dtype", "float32", "--num-threads=1", "--linear-kernel", "onednn"],
+                            lambda m: None) == (
         [], {"dtype": "float32", "dtype_reason": "given with --serve-arg", "num_threads": 1,
+             "linear_kernel": "onednn", "linear_kernel_reason": "given with --serve-arg",
              "source": "given with --serve-arg"})
     extra, cond = equal_conditions(["--dtype=float32"], lambda m: None)
-    assert extra == ["--num-threads", "2"] and cond["dtype"] == "float32" and cond["num_threads"] == 2
+    assert extra == ["--num-threads", "2", "--linear-kernel", "aten"] and cond["dtype"] == "float32"
+    assert cond["num_threads"] == 2 and cond["linear_kernel"] == "aten"
     # an explicit auto is resolved here, to the same meaning, so both servers still agree
-    assert equal_conditions(["--dtype", "auto", "--num-threads", "1"], lambda m: None)[0] == ["--dtype", "bfloat16"]
+    assert equal_conditions(["--dtype", "auto", "--num-threads", "1", "--linear-kernel=aten"],
+                            lambda m: None)[0] == ["--dtype", "bfloat16"]
+    assert equal_conditions(["--dtype", "float32", "--num-threads", "1", "--linear-kernel", "auto"],
+                            lambda m: None)[0] == ["--linear-kernel", "aten"]
 
 
 def capture_run_compare(monkeypatch) -> dict:
@@ -135,7 +150,8 @@ def test_compare_cli_passes_the_resolved_conditions_only_to_servers_it_starts(ma
     out = ["--output-dir", str(tmp_path / "o")]
     assert main(["compare", "tiny-flash", "tiny-standard", *COMPARE_CHEAP, *out,
                  "--serve-arg=--max-num-seqs", "--serve-arg=4"]) == 0
-    assert seen["extra_args"] == ["--max-num-seqs", "4", "--dtype", "bfloat16", "--num-threads", "2"]
+    assert seen["extra_args"] == ["--max-num-seqs", "4", "--dtype", "bfloat16", "--num-threads", "2",
+                                  "--linear-kernel", "aten"]
     assert seen["conditions"]["dtype"] == "bfloat16" and seen["conditions"]["num_threads"] == 2
     # a user's own server command or URLs: their servers, their conditions
     assert main(["compare", "tiny-flash", "tiny-standard", *COMPARE_CHEAP, *out,

@@ -68,8 +68,6 @@ def test_named_pinned_and_impossible_choices(monkeypatch):
 def test_engine_args_name_the_field():
     with pytest.raises(ValueError, match="linear_kernel must be 'auto', 'aten' or 'onednn'"):
         LLM(tiny_llama(), dtype="float32", linear_kernel="fast")
-    with pytest.raises(ValueError, match="linear_kernel 'onednn' does not run inside static graphs"):
-        LLM(tiny_llama(), dtype="float32", linear_kernel="onednn", compile=True)
 
 
 # ---- the packed module --------------------------------------------------------------------------

@@ -18,7 +18,8 @@ from .step_cost import TERMS, StepCostModel, StepWork
 
 SCHEMA = 1
 MACHINE_KEYS = ("cpu_model", "cpu_capability", "cuda")      # a different value: another machine
-MODE_KEYS = ("dtype", "kv_cache_dtype", "quantization", "compile", "kernel_backend", "num_threads")
+MODE_KEYS = ("dtype", "kv_cache_dtype", "quantization", "compile", "kernel_backend", "num_threads",
+             "linear_kernel")
 
 
 @dataclass(frozen=True)

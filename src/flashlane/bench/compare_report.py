@@ -287,11 +287,13 @@ def conditions_lines(conds: dict[str, dict], resolved: dict | None) -> tuple[lis
         q = c.get("quantization") or "none reported"
         lines.append(f"{name}: dtype {c.get('dtype') or 'not reported'}, "
                      f"{_threads(c.get('num_threads'))}, quantisation {q}, "
-                     f"KV cache {c.get('kv_cache_dtype') or 'not reported'}")
+                     f"KV cache {c.get('kv_cache_dtype') or 'not reported'}, "
+                     f"linears {c.get('linear_kernel') or 'not reported'}")
     if resolved:
         why = f" ({resolved['dtype_reason']})" if resolved.get("dtype_reason") else ""
+        linears = f", linears {resolved['linear_kernel']}" if resolved.get("linear_kernel") else ""
         lines.append(f"Resolved once for both servers: dtype {resolved.get('dtype')}{why}, "
-                     f"{_threads(resolved.get('num_threads'))}.")
+                     f"{_threads(resolved.get('num_threads'))}{linears}.")
     names = list(conds)
     return lines, mismatches(conds[names[0]], conds[names[1]]) if len(names) == 2 else []
 

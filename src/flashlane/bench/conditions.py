@@ -8,7 +8,7 @@ Only HTTP documents are read here: nothing from the engine or the models.
 
 from __future__ import annotations
 
-FIELDS = ("dtype", "num_threads", "quantization", "kv_cache_dtype")
+FIELDS = ("dtype", "num_threads", "quantization", "kv_cache_dtype", "linear_kernel")
 
 
 def _find_report(doc) -> dict | None:
@@ -47,14 +47,16 @@ def _quantization(q) -> str | None:
 
 
 def server_conditions(models_doc: dict | None) -> dict:
-    """{"dtype", "num_threads", "quantization", "kv_cache_dtype"} as the server's /v1/models
-    document reports them; each None when it is not reported."""
+    """{"dtype", "num_threads", "quantization", "kv_cache_dtype", "linear_kernel"} (the float
+    linears' weight format) as the server's /v1/models document reports them; each None when it
+    is not reported."""
     report = _find_report(models_doc)
     if report is None:
         return dict.fromkeys(FIELDS)
     out = {k: report.get(k) for k in ("dtype", "num_threads", "kv_cache_dtype")}
     # a flashlane report always holds the key (None: no quantization); a missing key is unknown
     out["quantization"] = _quantization(report["quantization"]) if "quantization" in report else None
+    out["linear_kernel"] = (report.get("linear_kernel") or {}).get("format")
     return {k: out[k] for k in FIELDS}
 
 

@@ -146,7 +146,8 @@ def run(args) -> int:
     mode = {"dtype": info["dtype"], "kv_cache_dtype": info["kv_cache_dtype"],
             "quantization": _weight_dtype(info) if info.get("quantization") else None,
             "compile": bool(args.compile), "kernel_backend": (info.get("kernel_backend") or {}).get("name"),
-            "num_threads": info.get("num_threads")}
+            "num_threads": info.get("num_threads"),
+            "linear_kernel": (info.get("linear_kernel") or {}).get("format")}
     cal = Calibration(
         model=args.model, machine=machine_info(), mode=mode, peak_flops=peak, mem_bw=bw,
         weight_dtype=_weight_dtype(info), kv_dtype="int8" if info["kv_cache_dtype"] == "int8" else "bf16",

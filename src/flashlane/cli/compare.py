@@ -73,11 +73,26 @@ def _auto_dtype(threads: int):
         torch.set_num_threads(before)
 
 
+def _auto_linear_kernel(dtype: str, threads: int):
+    """linear_kernel "auto" as a server would resolve it: timed with the servers' thread count."""
+    import torch
+
+    from ..kernels.linear_plan import choose_linear_plan
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return choose_linear_plan("auto", getattr(torch, dtype))
+    finally:
+        torch.set_num_threads(before)
+
+
 def equal_conditions(serve_args: list[str], log) -> tuple[list[str], dict]:
-    """Resolve dtype "auto" and the thread count once, here, for both servers: left to each server
-    they follow its own start-up timing and load, and the two servers of one comparison could run
-    different dtypes. Values given with --serve-arg are kept (an explicit `--dtype auto` is
-    resolved here too, with the same meaning). Returns (args to append, conditions for the report)."""
+    """Resolve dtype "auto", the float linears' format "auto" and the thread count once, here, for
+    both servers: left to each server they follow its own start-up timing and load, and the two
+    servers of one comparison could run different dtypes or weight formats. Values given with
+    --serve-arg are kept (an explicit `auto` is resolved here too, with the same meaning). Returns
+    (args to append, conditions for the report)."""
     dtype, threads = _given(serve_args, "--dtype"), _given(serve_args, "--num-threads")
     extra: list[str] = []
     if threads is None:
@@ -89,9 +104,16 @@ def equal_conditions(serve_args: list[str], log) -> tuple[list[str], dict]:
         choice = _auto_dtype(num_threads if isinstance(num_threads, int) and num_threads > 0 else 1)
         dtype, reason = choice.dtype, choice.why
         extra = ["--dtype", dtype] + extra
+    linear, linear_reason = _given(serve_args, "--linear-kernel"), "given with --serve-arg"
+    if linear in (None, "auto"):
+        n = num_threads if isinstance(num_threads, int) and num_threads > 0 else 1
+        plan = _auto_linear_kernel(dtype, n)
+        linear, linear_reason = plan.format, plan.why
+        extra += ["--linear-kernel", linear]
     log(f"both servers: dtype {dtype} ({'auto: ' + reason if '--dtype' in extra else reason}), "
-        f"{num_threads} thread{'' if num_threads == 1 else 's'}")
+        f"{num_threads} thread{'' if num_threads == 1 else 's'}, linears {linear}")
     return extra, {"dtype": dtype, "dtype_reason": reason, "num_threads": num_threads,
+                   "linear_kernel": linear, "linear_kernel_reason": linear_reason,
                    "source": "resolved once by compare" if extra else "given with --serve-arg"}
 
 

@@ -52,7 +52,7 @@ def grid_args(grid: str, max_batch: int = 1) -> list[str]:
     return args
 
 
-MODE_KEYS = ("dtype", "kv_cache_dtype", "quantization", "compile", "num_threads")
+MODE_KEYS = ("dtype", "kv_cache_dtype", "quantization", "compile", "num_threads", "linear_kernel")
 
 
 def _metric(summary: dict, path: tuple[str, ...]):
@@ -122,7 +122,11 @@ class LocalSimulator:
 
     def calibration(self, model: str, args: dict) -> tuple[Calibration | None, str | None]:
         mode = {k: args.get(k, self.defaults[k]) for k in MODE_KEYS}
-        key = (model, *(str(mode[k]) for k in MODE_KEYS))
+        if mode["compile"] or mode["quantization"]:
+            mode["linear_kernel"] = "aten"          # what such an engine runs whatever it was asked
+        elif mode["linear_kernel"] == "auto":
+            del mode["linear_kernel"]               # resolved by the calibration's own engine
+        key = (model, *(str(mode.get(k)) for k in MODE_KEYS))
         if key in self._cals:
             return self._cals[key]
         grid = [*self.grid_args, *FOLLOW_UP_TOKENS]     # a changed grid is calibrated anew

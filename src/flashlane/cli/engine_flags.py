@@ -139,7 +139,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="how the float linears' weights are held: aten (as loaded, torch's matmul), onednn "
                         "(reordered once for oneDNN), or auto: timed at start-up on this CPU, onednn only "
                         "where it is no slower at decode and 10%% faster at batch/prefill rows; static "
-                        "graphs and int8 keep theirs; the choice is printed at start-up (default: auto)")
+                        "graphs (--compile) and int8 keep theirs and ignore it; the choice is printed at start-up (default: auto)")
     p.add_argument("--skip-tokenizer-init", action="store_true", default=d.skip_tokenizer_init,
                    help="load no tokenizer (a checkpoint without tokenizer.json): prompts and outputs are "
                         "token ids, output text is empty")

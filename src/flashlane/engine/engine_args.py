@@ -102,9 +102,6 @@ class EngineArgs:
         self._check_kernel_backend()
         if self.linear_kernel not in ("auto", "aten", "onednn"):
             raise ValueError(f"linear_kernel must be 'auto', 'aten' or 'onednn', got {self.linear_kernel!r}")
-        if self.compile and self.linear_kernel == "onednn":
-            raise ValueError("linear_kernel 'onednn' does not run inside static graphs (compile=True): "
-                             "Inductor lays out the weights of a compiled step itself; use 'auto' or 'aten'")
         self.speculative()      # ValueError naming the speculative_config field
 
     def speculative(self):

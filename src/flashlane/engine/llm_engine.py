@@ -118,9 +118,11 @@ class LLMEngine:
         is (packing replaces modules in place, under the caller's feet)."""
         args = self.args
         if args.compile:
-            plan = LinearPlan("aten", "compile: Inductor lays out the weights of a compiled step")
+            plan = LinearPlan("aten", f"compile: Inductor lays out the weights of a compiled step (linear_kernel "
+                                      f"{args.linear_kernel!r} not applied)")
         elif args.quantization:
-            plan = LinearPlan("aten", f"quantization {args.quantization}: the linears are int8")
+            plan = LinearPlan("aten", f"quantization {args.quantization}: the linears are int8 (linear_kernel "
+                                      f"{args.linear_kernel!r} not applied)")
         elif args.linear_kernel == "auto" and not loaded_here:
             plan = LinearPlan("aten", "auto leaves a model object it was given as loaded (linear_kernel "
                                       "'onednn' packs it in place)")

@@ -48,7 +48,7 @@ class SimSetup:
     def engine(self) -> SimEngine:
         args = dict(self.engine_args)
         dtype = args.pop("dtype", "bfloat16")
-        for ignored in ("num_threads", "kernel_backend", "seed", "skip_tokenizer_init", "compile_sizes", "device"):
+        for ignored in ("num_threads", "kernel_backend", "linear_kernel", "seed", "skip_tokenizer_init", "compile_sizes", "device"):
             args.pop(ignored, None)
         return SimEngine(self.cfg, self.cost, dtype=dtype, **args)
 
