@@ -172,6 +172,9 @@ def test_calibrate_fits_the_engine_and_writes_a_calibration_that_checks_machine_
     assert raw["schema"] == 1 and raw["mode"]["dtype"] == "float32" and raw["mode"]["compile"] is False
     assert raw["grid"]["steps"] >= len(TERMS) and raw["machine"]["cpu_model"]
     assert set(raw["fit"]["by_kind"]) >= {"all", "prefill", "decode"}
+    # the front end was measured one request at a time, then 3 at once (the largest batch)
+    assert raw["front_end"]["served_decode_scale"] > 0 and raw["front_end"]["served_contention_seqs"] >= 2
+    assert "waves of 3 at once" in raw["front_end"]["source"]
     here = machine_info()
     mode = dict(raw["mode"])
     cal, warnings = load_calibration(out, machine=here, mode=mode)

@@ -52,7 +52,8 @@ def add_parser(sub):
     p.add_argument("--quick", action="store_true", help="a small grid (a smoke run; a poor fit)")
     p.add_argument("--no-front-end", action="store_true",
                    help="skip measuring the server's front end (a `flashlane serve` with these engine flags, "
-                        "a dozen chat requests: admission, token delivery and the pause between steps); "
+                        "a dozen chat requests one at a time, then waves of the largest --batches at once: "
+                        "admission, token delivery, the pause between steps and the served steps' slowdown); "
                         "a simulation then assumes none")
     add_engine_flags(p)
     p.set_defaults(max_num_batched_tokens=None)
@@ -110,7 +111,8 @@ def _front_end(args, info: dict, predict) -> dict:
     synth = TextSynth(args.seed, load_tokenizer(args.model, presets.tokenizer_file)
                       if presets.tokenizer_file(args.model) else None)
     return measure_front_end(args.model, flags_of_engine_kwargs(kwargs), synth,
-                             log=lambda m: print(m, file=sys.stderr), predict=predict).to_dict()
+                             log=lambda m: print(m, file=sys.stderr), predict=predict,
+                             concurrency=max(args.batches)).to_dict()
 
 
 def run(args) -> int:
@@ -184,5 +186,7 @@ def _print(cal, out: str) -> None:
                              f"token, token delivery {1e3 * fe['token_s']:.2f} ms, pause between steps "
                              f"{1e3 * fe['step_gap_s']:.2f} ms; served steps "
                              f"{fe.get('served_prefill_scale', 1.0):.3f}x (prefill) / "
-                             f"{fe.get('served_decode_scale', 1.0):.3f}x (decode) the engine alone's"))
+                             f"{fe.get('served_decode_scale', 1.0):.3f}x (decode) the engine alone's, "
+                             f"{fe.get('served_contention', 0.0):+.3f}x per additional sequence (measured to "
+                             f"{fe.get('served_contention_seqs', 1)})"))
     print(f"written to {out}")

@@ -12,7 +12,11 @@ The served engine's steps also run slower than the same steps of the engine alon
 the step-cost grid measures: the API process, its event loop and the client share the cores.
 ``served_prefill_scale`` and ``served_decode_scale`` are the measured ratio (sum of the served
 steps' times over the fitted model's prediction for the same compositions), for steps with a
-prefill chunk and for decode-only steps; a simulation of a server multiplies its step costs by them.
+prefill chunk and for decode-only steps, measured with one request at a time; a simulation of a
+server multiplies its step costs by them. With more requests in flight the API process streams
+more tokens and its work competes harder for the cores: ``served_contention`` is the fitted extra
+slowdown per additional sequence in a step, measured with up to ``served_contention_seqs`` requests
+at once (the scale is held there beyond it: the fit never extrapolates in concurrency).
 """
 
 from __future__ import annotations
@@ -20,6 +24,10 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+
+
+MEASUREMENT_METHOD = 2     # bump when what calibrate measures changes: cached calibrations are made anew
+MIN_CONTENTION_FACTOR = 0.5      # a fitted contention never makes a served step less than half as long
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,8 @@ class FrontEnd:
     source: str = "not measured: zero front-end time assumed"
     served_prefill_scale: float = 1.0  # served steps with a prefill chunk / the engine alone's (fitted) time
     served_decode_scale: float = 1.0   # the same for decode-only steps
+    served_contention: float = 0.0     # extra slowdown per additional sequence in a served step
+    served_contention_seqs: int = 1    # the most sequences per step it was measured with
 
     def __post_init__(self):
         for name in ("request_s", "per_prompt_token_s", "token_s", "step_gap_s"):
@@ -41,9 +51,16 @@ class FrontEnd:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v > 0):
                 raise ValueError(f"front_end.{name} must be a number > 0, got {v!r}")
+        c, n = self.served_contention, self.served_contention_seqs
+        if not (isinstance(c, (int, float)) and c == c and abs(c) != float("inf")):
+            raise ValueError(f"front_end.served_contention must be a finite number, got {c!r}")
+        if not (isinstance(n, int) and n >= 1):
+            raise ValueError(f"front_end.served_contention_seqs must be an integer >= 1, got {n!r}")
 
-    def step_scale(self, has_prefill: bool) -> float:
-        return self.served_prefill_scale if has_prefill else self.served_decode_scale
+    def step_scale(self, has_prefill: bool, num_seqs: int = 1) -> float:
+        base = self.served_prefill_scale if has_prefill else self.served_decode_scale
+        extra = min(max(num_seqs, 1), self.served_contention_seqs) - 1
+        return base * max(MIN_CONTENTION_FACTOR, 1.0 + self.served_contention * extra)
 
     def admission_s(self, prompt_tokens: int) -> float:
         return self.request_s + self.per_prompt_token_s * prompt_tokens
@@ -88,11 +105,25 @@ def served_scales(steps: Sequence[tuple[bool, float, float]]) -> tuple[float, fl
     return out[0], out[1]
 
 
+def served_contention(steps: Sequence[tuple[bool, int, float, float]], scales: tuple[float, float]) -> float:
+    """The extra slowdown per additional sequence, from served steps run with several requests in
+    flight, given as (has a prefill chunk, sequences, measured s, predicted s): least squares of
+    measured = predicted x scale x (1 + c x (sequences - 1)), with ``scales`` the one-at-a-time
+    (prefill, decode) scales; 0.0 where no step had more than one sequence."""
+    num = den = 0.0
+    for has_prefill, seqs, meas, pred in steps:
+        base = pred * (scales[0] if has_prefill else scales[1])
+        x = base * (seqs - 1)
+        num += x * (meas - base)
+        den += x * x
+    return num / den if den > 0 else 0.0
+
+
 def fit(requests: Sequence[RequestTiming], step_gaps: Sequence[float], source: str,
-        scales: tuple[float, float] = (1.0, 1.0)) -> FrontEnd:
+        scales: tuple[float, float] = (1.0, 1.0), contention: float = 0.0, contention_seqs: int = 1) -> FrontEnd:
     """Least squares of admission delay = request_s + per_prompt_token_s x prompt tokens (both
     kept >= 0); the median token delay; the median pause between back-to-back steps; ``scales``
-    (from ``served_scales``) as they are."""
+    (from ``served_scales``) and the contention (from ``served_contention``) as they are."""
     if len(requests) < 2:
         raise ValueError(f"front-end fit: need at least 2 measured requests, got {len(requests)}")
     xs = [float(r.prompt_tokens) for r in requests]
@@ -107,4 +138,5 @@ def fit(requests: Sequence[RequestTiming], step_gaps: Sequence[float], source: s
     return FrontEnd(request_s=intercept, per_prompt_token_s=slope,
                     token_s=statistics.median(delays) if delays else 0.0,
                     step_gap_s=statistics.median(step_gaps) if step_gaps else 0.0,
-                    served_prefill_scale=scales[0], served_decode_scale=scales[1], source=source)
+                    served_prefill_scale=scales[0], served_decode_scale=scales[1],
+                    served_contention=contention, served_contention_seqs=contention_seqs, source=source)

@@ -6,6 +6,8 @@ records with their request ids, and fits ``front_end.FrontEnd``: the delay from 
 to the start of its first step (by prompt length), from the end of each step that made a token
 to the token's arrival, the engine's pause between the back-to-back steps of one request, and
 how much slower the served steps run than the fitted model of the engine alone predicts.
+Then, for a concurrency above 1, a few waves of that many streams at once: how much slower
+still the served steps run with more requests in flight (the contention).
 All times are on one clock: the step records' wall clock, mapped onto the client's monotonic one.
 """
 
@@ -15,6 +17,7 @@ import json
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -22,17 +25,22 @@ import httpx
 from ..bench.server_launch import ServerProcess, free_port, serve_command
 from ..bench.text_synth import TextSynth
 from ..analyze.step_cost import StepShape
-from .front_end import FrontEnd, RequestTiming, fit, served_scales
+from .front_end import FrontEnd, RequestTiming, fit, served_contention, served_scales
 
 PROMPT_TOKENS = (64, 512, 2048, 6144)
 REPEATS = 3
 OUTPUT_TOKENS = 8
+# the contention waves: prompts of these lengths in turn, long enough answers for batched decodes
+CONCURRENT_PROMPT_TOKENS = (512, 2048)
+CONCURRENT_WAVES = 2
+CONCURRENT_OUTPUT_TOKENS = 24
 
 
-def _stream(client: httpx.Client, model: str, text: str) -> tuple[str, float, list[float], int, int]:
+def _stream(client: httpx.Client, model: str, text: str,
+            max_tokens: int = OUTPUT_TOKENS) -> tuple[str, float, list[float], int, int]:
     """One streamed chat request: (response id, send time, token chunk arrival times, prompt
     tokens, generated tokens)."""
-    body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": OUTPUT_TOKENS,
+    body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     rid, arrivals, prompt, tokens = None, [], 0, 0
     send = time.perf_counter()
@@ -54,9 +62,12 @@ def _stream(client: httpx.Client, model: str, text: str) -> tuple[str, float, li
 
 def measure_front_end(model: str, serve_args: list[str], synth: TextSynth, log=print,
                       prompt_tokens: tuple[int, ...] = PROMPT_TOKENS, repeats: int = REPEATS,
-                      predict: Callable[[StepShape], float] | None = None) -> FrontEnd:
+                      predict: Callable[[StepShape], float] | None = None, concurrency: int = 1) -> FrontEnd:
     """``predict``: the fitted step-cost model of the engine alone; the served steps' times against
-    it give the served-step scales (1.0 without it)."""
+    it give the served-step scales (1.0 without it) and, with ``concurrency`` above 1, the
+    contention of that many requests in flight."""
+    if concurrency < 1:
+        raise ValueError(f"front end: concurrency must be >= 1, got {concurrency}")
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="flashlane-calibrate-") as tmp, \
@@ -67,6 +78,14 @@ def measure_front_end(model: str, serve_args: list[str], synth: TextSynth, log=p
         wall_minus_perf = time.time() - time.perf_counter()
         since = time.time()
         sent = [_stream(client, model, synth.text(n, "front-end", n, r)) for n in prompt_tokens for r in range(repeats)]
+        concurrent_since = time.time()
+        if concurrency > 1 and predict is not None:
+            log(f"front end: {CONCURRENT_WAVES} waves of {concurrency} requests at once")
+            with ThreadPoolExecutor(concurrency) as pool:
+                for wave in range(CONCURRENT_WAVES):
+                    texts = [synth.text(CONCURRENT_PROMPT_TOKENS[i % len(CONCURRENT_PROMPT_TOKENS)],
+                                        "front-end-concurrent", wave, i) for i in range(concurrency)]
+                    list(pool.map(lambda t: _stream(client, model, t, CONCURRENT_OUTPUT_TOKENS), texts))
         steps = client.get("/debug/steps", params={"since": since, "request_ids": True}).json()["steps"]
     by_request: dict[str, list[dict]] = {}
     for s in steps:
@@ -82,16 +101,21 @@ def measure_front_end(model: str, serve_args: list[str], synth: TextSynth, log=p
                   if len(arrivals) == tokens else ())
         timings.append(RequestTiming(prompt, send, mine[0]["start"] - wall_minus_perf, delays))
         gaps += [b["start"] - a["end"] for a, b in zip(made, made[1:])]
-    scales = (1.0, 1.0)
+    scales, contention, most = (1.0, 1.0), 0.0, 1
     if predict is not None:
-        served = []
+        alone, together = [], []
         for s in steps:
             shape = StepShape.from_record(s)
-            served.append((bool(shape.prefill), s["end"] - s["start"], predict(shape)))
-        scales = served_scales(served)
+            served = (bool(shape.prefill), shape.num_seqs, s["end"] - s["start"], predict(shape))
+            (together if s["start"] >= concurrent_since else alone).append(served)
+        scales = served_scales([(p, m, q) for p, _, m, q in alone])
         log(f"front end: served steps take {scales[0]:.3f}x (prefill) and {scales[1]:.3f}x (decode) the "
             "engine alone's fitted time")
+        if together:
+            contention, most = served_contention(together, scales), max(n for _, n, _, _ in together)
+            log(f"front end: with up to {most} sequences per step, {contention:+.3f}x more per additional sequence")
+    waves = (f"; {CONCURRENT_WAVES} waves of {concurrency} at once" if most > 1 else "")
     return fit(timings, [g for g in gaps if g >= 0],
                f"measured by flashlane calibrate: {len(timings)} chat requests to flashlane serve "
-               f"({', '.join(map(str, prompt_tokens))} prompt words x {repeats}), engine step records",
-               scales)
+               f"({', '.join(map(str, prompt_tokens))} prompt words x {repeats}){waves}, engine step records",
+               scales, contention, most)

@@ -105,7 +105,7 @@ def calibrated(model: str, calibration: str | Calibration, engine_args: dict,
         cost = StepCostModel(cost.work, cost.peak_flops, cost.mem_bw,
                              {**cost.coefficients, **{t: 0.0 for t in HOST_TERMS}})
     def served_seconds(shape: StepShape, seconds=cost.seconds, scale=front.step_scale) -> float:
-        return seconds(shape) * scale(bool(shape.prefill))
+        return seconds(shape) * scale(bool(shape.prefill), shape.num_seqs)
 
     setup = SimSetup(model, named.cfg, served_seconds, args,
                      prompt_tokenizer(model, named.cfg.vocab_size), front,
@@ -113,7 +113,9 @@ def calibrated(model: str, calibration: str | Calibration, engine_args: dict,
                          "file": str(where), "machine": cal.machine, "mode": cal.mode,
                          "coefficients": cost.coefficients, "zero_host": zero_host,
                          "served_step_scales": {"prefill": front.served_prefill_scale,
-                                                "decode": front.served_decode_scale},
+                                                "decode": front.served_decode_scale,
+                                                "contention_per_seq": front.served_contention,
+                                                "contention_measured_to_seqs": front.served_contention_seqs},
                          "fit": {k: cal.fit.get(k) for k in (
                              "median_rel_error", "p90_rel_error", "n_steps")}}})
     return setup, [f"calibration {where}: {w}; the simulated figures are for the calibration's machine"
