@@ -28,11 +28,10 @@ from ..bench.attribution import read_steps
 from ..bench.compare_runs import CompareTarget, PointRun, StackRun, safe_name
 from ..bench.runner import BenchConfig
 from ..bench.stats import keyed_ratio
-from ..simulate.front_end import MEASUREMENT_METHOD as FRONT_END_METHOD
 from ..simulate.rounds import replay_rounds, round_controls
 from ..simulate.run import BASE_URL, SimulatedServer
 from ..simulate.setup import calibrated
-from .calibrate import FOLLOW_UP_TOKENS
+from .calibrate import CALIBRATION_METHOD, FOLLOW_UP_TOKENS
 from .engine_flags import engine_kwargs_of_flags, flags_of_engine_kwargs
 
 # the calibration grid compare runs when no calibration of this machine and mode is cached:
@@ -130,7 +129,7 @@ class LocalSimulator:
         key = (model, *(str(mode.get(k)) for k in MODE_KEYS))
         if key in self._cals:
             return self._cals[key]
-        grid = [*self.grid_args, *FOLLOW_UP_TOKENS, FRONT_END_METHOD]     # a changed grid is calibrated anew
+        grid = [*self.grid_args, *FOLLOW_UP_TOKENS, CALIBRATION_METHOD]     # a changed grid is calibrated anew
         tag = hashlib.sha256(json.dumps([self.machine["cpu_model"], self.machine["cpu_capability"], mode, grid],
                                         sort_keys=True).encode()).hexdigest()[:12]
         path = self.cache_dir / f"{safe_name(model)}-{tag}.json"

@@ -26,7 +26,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 
-MEASUREMENT_METHOD = 2     # bump when what calibrate measures changes: cached calibrations are made anew
 MIN_CONTENTION_FACTOR = 0.5      # a fitted contention never makes a served step less than half as long
 
 
