@@ -220,19 +220,3 @@ def test_the_fitted_groups_split_attention_into_prefill_and_decode_and_sum_to_th
     assert split["attention_decode"].flops == pytest.approx(decode_only.flops) and decode_only.flops > 0
     assert work.fitted_groups(StepShape(prefill=((64, 0),)))["attention_decode"].bytes == 0.0
 
-
-def test_calibrate_batches_after_the_first_of_a_length_share_its_prefix_and_differ_in_their_tails():
-    import random
-
-    from flashlane.cli.calibrate import _prompts, shared_tail
-
-    rng, first = random.Random(0), {}
-    one = _prompts(first, 1000, 1, rng, 500)
-    assert len(one) == 1 and len(one[0]) == 1000 and first[1000] == one[0]
-    four = _prompts(first, 1000, 4, rng, 500)
-    tail = shared_tail(1000)
-    assert tail == 64 and all(len(p) == 1000 and p[:-tail] == one[0][:-tail] for p in four)
-    assert len({tuple(p[-tail:]) for p in four}) == 4          # each its own tail
-    # the first batch of a length is all fresh prompts (a full prefill of several sequences)
-    fresh = _prompts(first, 40, 3, rng, 500)
-    assert len({tuple(p[:10]) for p in fresh}) == 3 and shared_tail(40) == 5 and shared_tail(3) == 1

@@ -1,10 +1,9 @@
 """`flashlane calibrate MODEL`: fit the step-cost model of MODEL to this machine and engine mode.
 
-Runs the engine over a small grid (prefill chunk size x prompt length x concurrency, each prompt
+Runs the engine over a small grid (prefill chunk size x concurrency x prompt length, each prompt
 followed by two turns that extend it by a short and a longer message, so small and large prefill
-chunks after a cached prefix are measured too, and a few decode steps of every batch; the
-batches after the first of a length share its cached prefix, see ``_prompts``), reads the
-engine's own step records, fits
+chunks after a cached prefix are measured too, and a few decode steps of every batch; every
+prompt is its own, see ``CALIBRATION_METHOD``), reads the engine's own step records, fits
 ``analyze.step_cost`` to their durations and writes the calibration JSON (machine, mode, grid,
 coefficients, residuals). The residuals are also reported 2-fold cross-validated: the fit on every
 other step predicts the steps it did not see.
@@ -26,8 +25,11 @@ DEFAULT_CONTEXTS = (256, 1024, 4096)
 QUICK = {"chunks": (256,), "batches": (1, 4), "contexts": (128, 512)}
 FOLLOW_UP_TOKENS = (16, 256)
 # what calibrate measures, versioned: a cached calibration of another method is made anew
-# (2: the front end's contention waves; 3: batches share a cached prefix)
-CALIBRATION_METHOD = 3
+# (2: the front end's contention waves). Prompts of a batch that shared a cached prefix would
+# make long-context batches cheap to build (SmolLM2: 14 min instead of over an hour), but their
+# decode steps then read the same, cache-hot pages, and that fit priced served decode steps
+# 16-36% low (measured), so every prompt is its own.
+CALIBRATION_METHOD = 2
 
 
 def _ints(value: str) -> tuple[int, ...]:
@@ -80,11 +82,10 @@ def _grid_steps(args, chunk: int, seed: int):
     try:
         llm.generate([[rng.randrange(3, vocab)] * 8], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
         llm.engine.step_stats.clear()
-        first: dict[int, list[int]] = {}      # context -> the first prompt of that length
-        for ctx in args.contexts:
-            ctx = min(ctx, longest)
-            for batch in args.batches:
-                prompts = _prompts(first, ctx, batch, rng, vocab)
+        for batch in args.batches:
+            for ctx in args.contexts:
+                ctx = min(ctx, longest)
+                prompts = [[rng.randrange(3, vocab) for _ in range(ctx)] for _ in range(batch)]
                 outs = llm.generate(prompts, params)
                 # the next turns: the prompt, the answer and a short then a longer new message, each
                 # after a cached prefix (an agent's turns: small prefill chunks, the checkpointed
@@ -96,28 +97,6 @@ def _grid_steps(args, chunk: int, seed: int):
         return [r.to_json(with_ids=False) for r in llm.engine.step_stats], llm.engine.info.report(), llm.engine.config
     finally:
         llm.close()
-
-
-def _prompts(first: dict[int, list[int]], ctx: int, batch: int, rng: random.Random, vocab: int) -> list[list[int]]:
-    """``batch`` prompts of ``ctx`` tokens. The first prompt of a length is random; later batches
-    of that length share all but its last ``shared_tail(ctx)`` tokens, which the prefix cache
-    already holds, and differ in their tails: a batch of B long contexts then costs one
-    prefill of short tails instead of B full prefills (which measure nothing a batch of 1 did
-    not: prefill chunks are capped by the step's token budget), while its decode steps still
-    attend over B full histories."""
-    def fresh(n: int) -> list[int]:
-        return [rng.randrange(3, vocab) for _ in range(n)]
-
-    if ctx not in first:
-        first[ctx] = fresh(ctx)
-        return [list(first[ctx])] + [fresh(ctx) for _ in range(batch - 1)]
-    tail = shared_tail(ctx)
-    return [first[ctx][:ctx - tail] + fresh(tail) for _ in range(batch)]
-
-
-def shared_tail(ctx: int) -> int:
-    """The unique tokens at the end of each prompt of a batch that shares a cached prefix."""
-    return max(1, min(64, ctx // 8))
 
 
 def _weight_dtype(info: dict) -> str:
