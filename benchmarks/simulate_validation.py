@@ -20,7 +20,7 @@ per-step error (median and p90 |sim - measured| / measured over the engine's ste
 --quick: the small workload and one or two tasks (a smoke run of the script, not a validation).
 About 25 min for tiny-c1, 25-35 for tiny-c4 and 10 for smollm2 on 2 cores, plus the calibrations once:
 2-3 min per tiny preset, but SmolLM2's (fp32, 1 thread, up to 8 x 8K contexts) passed compare's
-60-minute limit on a Zen 3 core (15-20 min on a Sapphire Rapids one).
+60-minute limit on a Zen 3 core (AVX2).
 """
 
 from __future__ import annotations
