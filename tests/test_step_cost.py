@@ -219,4 +219,3 @@ def test_the_fitted_groups_split_attention_into_prefill_and_decode_and_sum_to_th
     decode_only = work.groups(StepShape(decode=shape.decode))["attention"]
     assert split["attention_decode"].flops == pytest.approx(decode_only.flops) and decode_only.flops > 0
     assert work.fitted_groups(StepShape(prefill=((64, 0),)))["attention_decode"].bytes == 0.0
-

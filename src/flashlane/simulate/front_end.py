@@ -21,6 +21,7 @@ at once (the scale is held there beyond it: the fit never extrapolates in concur
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -51,7 +52,7 @@ class FrontEnd:
             if not (isinstance(v, (int, float)) and v > 0):
                 raise ValueError(f"front_end.{name} must be a number > 0, got {v!r}")
         c, n = self.served_contention, self.served_contention_seqs
-        if not (isinstance(c, (int, float)) and c == c and abs(c) != float("inf")):
+        if not (isinstance(c, (int, float)) and math.isfinite(c)):
             raise ValueError(f"front_end.served_contention must be a finite number, got {c!r}")
         if not (isinstance(n, int) and n >= 1):
             raise ValueError(f"front_end.served_contention_seqs must be an integer >= 1, got {n!r}")
