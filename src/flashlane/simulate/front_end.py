@@ -14,7 +14,7 @@ the step-cost grid measures: the API process, its event loop and the client shar
 steps' times over the fitted model's prediction for the same compositions), for steps with a
 prefill chunk and for decode-only steps, measured with one request at a time; a simulation of a
 server multiplies its step costs by them. With more requests in flight the API process streams
-more tokens and its work competes harder for the cores: ``served_contention`` is the fitted extra
+more tokens and its work may compete harder for the cores: ``served_contention`` is the fitted extra
 slowdown per additional sequence in a step, measured with up to ``served_contention_seqs`` requests
 at once (the scale is held there beyond it: the fit never extrapolates in concurrency).
 """
