@@ -197,6 +197,22 @@ def test_compare_calibration_grid_reaches_the_concurrency_it_simulates():
     assert grid_args("quick", 8) == ["--quick"]
 
 
+def test_calibration_batches_are_capped_in_prompt_tokens():
+    from flashlane.cli.calibrate import batch_contexts
+
+    assert batch_contexts((512, 2048, 8192), 1, 16384, 10**6) == [512, 2048, 8192]
+    assert batch_contexts((512, 2048, 8192), 4, 16384, 10**6) == [512, 2048, 4096]
+    assert batch_contexts((512, 2048, 8192), 8, 16384, 10**6) == [512, 2048]
+    assert batch_contexts((512, 2048, 8192), 64, 16384, 10**6) == [512]        # never below the smallest
+    assert batch_contexts((512, 2048, 8192), 8, None, 3000) == [512, 2048, 3000]  # the model's longest
+    assert batch_contexts((512, 2048), 8, 16384, 300) == [300]
+
+
+def test_calibrate_refuses_a_batch_token_cap_below_one(capsys):
+    rc, _, stderr = _cli(capsys, ["calibrate", "tiny-flash", "--batch-tokens", "0"])
+    assert rc == 2 and "--batch-tokens" in stderr
+
+
 def test_a_speculative_stack_gets_no_simulated_figures_and_no_counterfactual(tmp_path):
     """The simulator does not model speculative decoding: compare says so and simulates nothing
     for such a stack (no calibration is started), nor builds its waterfall from one."""

@@ -164,13 +164,15 @@ def test_calibrate_fits_the_engine_and_writes_a_calibration_that_checks_machine_
 
     out = tmp_path / "cal.json"
     rc = main(["calibrate", "tiny-flash", "--chunks", "64", "--batches", "1,3", "--contexts", "40,100",
-               "--decode-tokens", "3", "--dtype", "float32", "--num-threads", "1", "--out", str(out)])
+               "--batch-tokens", "150", "--decode-tokens", "3", "--dtype", "float32", "--num-threads", "1",
+               "--out", str(out)])
     assert rc == 0
     printed = capsys.readouterr().out
     assert "calibrated tiny-flash" in printed and "held out (2-fold)" in printed and "median |err|" in printed
     raw = json.loads(out.read_text())
     assert raw["schema"] == 1 and raw["mode"]["dtype"] == "float32" and raw["mode"]["compile"] is False
     assert raw["grid"]["steps"] >= len(TERMS) and raw["machine"]["cpu_model"]
+    assert raw["grid"]["batch_tokens"] == 150
     assert set(raw["fit"]["by_kind"]) >= {"all", "prefill", "decode"}
     # the front end was measured one request at a time, then 3 at once (the largest batch)
     assert raw["front_end"]["served_decode_scale"] > 0 and raw["front_end"]["served_contention_seqs"] >= 2

@@ -42,6 +42,13 @@ def _ints(value: str) -> tuple[int, ...]:
     return out
 
 
+def batch_contexts(contexts, batch: int, batch_tokens: int | None, longest: int) -> list[int]:
+    """The prompt lengths a batch of ``batch`` prompts runs: each context capped by the model's
+    longest and by ``batch_tokens / batch`` (never below the smallest context), without repeats."""
+    cap = longest if batch_tokens is None else min(longest, max(batch_tokens // batch, min(contexts)))
+    return sorted({min(c, cap) for c in contexts})
+
+
 def add_parser(sub):
     p = sub.add_parser(
         "calibrate", formatter_class=HelpFormatter,
@@ -55,6 +62,10 @@ def add_parser(sub):
                    help="prefill chunk sizes (--max-num-batched-tokens per engine)")
     p.add_argument("--batches", type=_ints, default=DEFAULT_BATCHES, help="requests run at once")
     p.add_argument("--contexts", type=_ints, default=DEFAULT_CONTEXTS, help="prompt lengths in tokens")
+    p.add_argument("--batch-tokens", type=int, default=None,
+                   help="cap on the prompt tokens of one batch: a batch of B runs each context c as "
+                        "min(c, BATCH_TOKENS / B) (its decode steps still reach B x that context; prefilling "
+                        "8 prompts of 8K tokens alone takes SmolLM2 on one slow core ~10 min); default no cap")
     p.add_argument("--decode-tokens", type=int, default=12, help="tokens generated per request")
     p.add_argument("--quick", action="store_true", help="a small grid (a smoke run; a poor fit)")
     p.add_argument("--no-front-end", action="store_true",
@@ -83,8 +94,7 @@ def _grid_steps(args, chunk: int, seed: int):
         llm.generate([[rng.randrange(3, vocab)] * 8], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
         llm.engine.step_stats.clear()
         for batch in args.batches:
-            for ctx in args.contexts:
-                ctx = min(ctx, longest)
+            for ctx in batch_contexts(args.contexts, batch, args.batch_tokens, longest):
                 prompts = [[rng.randrange(3, vocab) for _ in range(ctx)] for _ in range(batch)]
                 outs = llm.generate(prompts, params)
                 # the next turns: the prompt, the answer and a short then a longer new message, each
@@ -125,6 +135,9 @@ def _front_end(args, info: dict, predict) -> dict:
 def run(args) -> int:
     if args.quick:
         args.chunks, args.batches, args.contexts = QUICK["chunks"], QUICK["batches"], QUICK["contexts"]
+    if args.batch_tokens is not None and args.batch_tokens < 1:
+        print("error: --batch-tokens must be >= 1", file=sys.stderr)
+        return 2
     if args.decode_tokens < 2:
         print("error: --decode-tokens must be >= 2 (decode steps are part of the grid)", file=sys.stderr)
         return 2
@@ -163,7 +176,8 @@ def run(args) -> int:
         coefficients=model.coefficients,
         fit={**result.to_dict(), "by_kind": error_summary(model, shapes, seconds), "cross_validated": held_out},
         grid={"chunks": list(args.chunks), "batches": list(args.batches), "contexts": list(args.contexts),
-              "decode_tokens": args.decode_tokens, "steps": len(records), "method": CALIBRATION_METHOD},
+              "batch_tokens": args.batch_tokens, "decode_tokens": args.decode_tokens, "steps": len(records),
+              "method": CALIBRATION_METHOD},
         seconds=time.monotonic() - t0, front_end=front_end,
         notes=[f"peak and bandwidth: {hw.note}", "t_step is the engine step's wall time (scheduling, model run, "
                "output processing) from its step records"])

@@ -4,7 +4,8 @@ serve` side replayed in simulated time, and the counterfactual waterfall.
 Per model and engine mode a step-cost calibration of this machine is needed; one made earlier
 for this CPU and mode is reused from the calibration cache (``$FLASHLANE_CACHE/calibrations``),
 else `flashlane calibrate` runs once (a grid sized for the compare workload: prompts up to 8K
-tokens, batches of 1 and 4, two chunk sizes; its residuals are logged). A side's simulation
+tokens, batches of 1 and 4 (and the workload's concurrency) of at most 16K prompt tokens, two chunk
+sizes; its residuals are logged). A side's simulation
 replays the rounds the side measured, in order, against one simulated server per (stack, model),
 so the simulated tasks are the measured ones; its errors against the measurement and the step-cost
 model's error on the measured step records are stored with the run.
@@ -36,7 +37,8 @@ from .engine_flags import engine_kwargs_of_flags, flags_of_engine_kwargs
 
 # the calibration grid compare runs when no calibration of this machine and mode is cached:
 # "compare" reaches the contexts of the long workload; "quick" is a smoke run (tests, a first look)
-CALIBRATION_GRIDS = {"compare": ["--chunks", "512,2048", "--batches", "1,4", "--contexts", "512,2048,8192"],
+CALIBRATION_GRIDS = {"compare": ["--chunks", "512,2048", "--batches", "1,4", "--contexts", "512,2048,8192",
+                                 "--batch-tokens", "16384"],
                      "quick": ["--quick"]}
 CALIBRATION_TIMEOUT_S = 3600.0
 
