@@ -401,28 +401,39 @@ def test_served_step_scales_are_ratios_of_sums_by_step_kind():
     assert FrontEnd.from_dict(fe.to_dict()) == fe and fe.zero().step_scale(True) == 1.0
 
 
-def test_served_contention_is_fitted_per_additional_sequence_and_held_beyond_what_was_measured():
+def test_served_contention_is_fitted_per_step_kind_and_held_beyond_what_was_measured():
     scales = (1.2, 1.1)
-    true_c = 0.04
-    steps = [(p, n, pred * (scales[0] if p else scales[1]) * (1 + true_c * (n - 1)), pred)
-             for p, n, pred in [(True, 3, 0.5), (False, 4, 0.05), (False, 2, 0.04), (True, 1, 0.3), (False, 4, 0.06)]]
-    assert served_contention(steps, scales) == pytest.approx(true_c, rel=1e-9)
-    assert served_contention([(False, 1, 0.02, 0.01)], scales) == 0.0       # nothing batched: nothing to fit
-    assert served_contention([], scales) == 0.0
-    fe = fit(_timings([100, 200], lambda n: 0.01), [], "x", scales=scales, contention=true_c, contention_seqs=4)
+    c_prefill, c_decode = 0.01, 0.04
+    steps = [(p, n, pred * (scales[0] if p else scales[1]) * (1 + (c_prefill if p else c_decode) * (n - 1)), pred)
+             for p, n, pred in [(True, 3, 0.5), (False, 4, 0.05), (False, 2, 0.04), (True, 1, 0.3), (False, 4, 0.06),
+                                (True, 8, 0.7)]]
+    assert served_contention(steps, scales) == pytest.approx((c_prefill, c_decode), rel=1e-9)
+    decode_only = [s for s in steps if not s[0]]
+    assert served_contention(decode_only, scales) == pytest.approx((0.0, c_decode), rel=1e-9)  # no prefill: none
+    assert served_contention([(False, 1, 0.02, 0.01)], scales) == (0.0, 0.0)    # nothing batched: nothing to fit
+    assert served_contention([], scales) == (0.0, 0.0)
+    fe = fit(_timings([100, 200], lambda n: 0.01), [], "x", scales=scales, contention=(c_prefill, c_decode),
+             contention_seqs=4)
     assert fe.step_scale(False) == fe.step_scale(False, 1) == pytest.approx(1.1)
-    assert fe.step_scale(True, 3) == pytest.approx(1.2 * (1 + 2 * true_c))
-    assert fe.step_scale(False, 9) == fe.step_scale(False, 4) == pytest.approx(1.1 * (1 + 3 * true_c))  # held at 4
+    assert fe.step_scale(True, 3) == pytest.approx(1.2 * (1 + 2 * c_prefill))
+    assert fe.step_scale(False, 3) == pytest.approx(1.1 * (1 + 2 * c_decode))
+    assert fe.step_scale(False, 9) == fe.step_scale(False, 4) == pytest.approx(1.1 * (1 + 3 * c_decode))  # held at 4
     assert FrontEnd.from_dict(fe.to_dict()) == fe and fe.zero().step_scale(True, 4) == 1.0
     # a strongly negative fit never makes a served step less than half the one-at-a-time time
-    assert FrontEnd(served_contention=-1.0, served_contention_seqs=8).step_scale(False, 8) == 0.5
+    assert FrontEnd(served_decode_contention=-1.0, served_contention_seqs=8).step_scale(False, 8) == 0.5
     # a front end measured before the contention existed reads as none
-    old = {k: v for k, v in fe.to_dict().items() if not k.startswith("served_contention")}
+    old = {k: v for k, v in fe.to_dict().items() if "contention" not in k}
     assert FrontEnd.from_dict(old).step_scale(False, 4) == pytest.approx(1.1)
+    # calibration method 2 fitted one contention over both kinds: it reads as both
+    one = {**old, "served_contention": 0.03, "served_contention_seqs": 4}
+    assert FrontEnd.from_dict(one).step_scale(True, 2) == pytest.approx(1.2 * 1.03)
+    assert FrontEnd.from_dict(one).step_scale(False, 2) == pytest.approx(1.1 * 1.03)
     with pytest.raises(ValueError, match="served_contention_seqs"):
         FrontEnd(served_contention_seqs=0)
-    with pytest.raises(ValueError, match="served_contention must"):
-        FrontEnd(served_contention=float("nan"))
+    with pytest.raises(ValueError, match="served_prefill_contention must"):
+        FrontEnd(served_prefill_contention=float("nan"))
+    with pytest.raises(ValueError, match="served_decode_contention must"):
+        FrontEnd(served_decode_contention=float("inf"))
 
 
 # ---- 5. bench's replay against the simulated server ----------------------------------------------
@@ -570,15 +581,17 @@ def test_the_simulated_server_scales_step_costs_by_the_measured_served_steps():
     decode = StepShape(decode=(50, 70))
     assert setup.cost(decode) == pytest.approx(1.05 * alone(decode), rel=1e-12)
     assert setup.assumptions["calibration"]["served_step_scales"] == {
-        "prefill": 1.12, "decode": 1.05, "contention_per_seq": 0.0, "contention_measured_to_seqs": 1}
+        "prefill": 1.12, "decode": 1.05, "contention_per_seq": {"prefill": 0.0, "decode": 0.0},
+        "contention_measured_to_seqs": 1}
     zero, _ = sim_setup.calibrated(MODEL, calibration(front_end=fe), {}, zero_host=True)
     assert zero.front_end.step_scale(True) == 1.0
-    # measured with 4 requests at once: each sequence beyond the first adds 5%, up to the fourth
-    fe = {**fe, "served_contention": 0.05, "served_contention_seqs": 4}
+    # measured with 4 requests at once: each sequence beyond the first adds 5% to a decode step and
+    # 2% to a step with a prefill chunk, up to the fourth
+    fe = {**fe, "served_decode_contention": 0.05, "served_prefill_contention": 0.02, "served_contention_seqs": 4}
     setup, _ = sim_setup.calibrated(MODEL, calibration(front_end=fe), {})
     assert setup.cost(decode) == pytest.approx(1.05 * 1.05 * alone(decode), rel=1e-12)      # 2 sequences
     six = StepShape(prefill=((100, 0),), decode=(50, 70, 1, 2, 3))
-    assert setup.cost(six) == pytest.approx(1.12 * 1.15 * alone(six), rel=1e-12)            # held at 4
+    assert setup.cost(six) == pytest.approx(1.12 * 1.06 * alone(six), rel=1e-12)            # held at 4
 
 
 def test_a_calibration_in_the_servers_mode_gives_its_costs_and_front_end(tmp_path):

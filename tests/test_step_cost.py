@@ -193,6 +193,20 @@ def test_calibrate_fits_the_engine_and_writes_a_calibration_that_checks_machine_
     _, warned = load_calibration(out, machine={**here, "cpu_capability": other}, mode=mode, strict=False)
     assert warned and "cpu_capability" in warned[0]
 
+    # --front-end-only: the front end measured anew on the calibration's mode, the fitted step costs kept
+    again = tmp_path / "again.json"
+    assert main(["calibrate", "tiny-flash", "--front-end-only", str(out), "--out", str(again)]) == 0
+    capsys.readouterr()
+    refreshed = json.loads(again.read_text())
+    assert refreshed["coefficients"] == raw["coefficients"] and refreshed["mode"] == raw["mode"]
+    assert refreshed["front_end"] != raw["front_end"] and "waves of 3 at once" in refreshed["front_end"]["source"]
+    assert "--front-end-only" in refreshed["notes"][-1]
+    for argv, named in [(["tiny-standard", "--front-end-only", str(out)], "tiny-flash"),
+                        (["tiny-flash", "--front-end-only", str(tmp_path / "none.json")], "cannot read")]:
+        assert main(["calibrate", *argv, "--out", str(tmp_path / "x.json")]) == 2
+        assert named in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
+
 
 def test_a_calibration_from_a_newer_schema_or_missing_fields_is_refused(tmp_path):
     import json

@@ -25,11 +25,11 @@ DEFAULT_CONTEXTS = (256, 1024, 4096)
 QUICK = {"chunks": (256,), "batches": (1, 4), "contexts": (128, 512)}
 FOLLOW_UP_TOKENS = (16, 256)
 # what calibrate measures, versioned: a cached calibration of another method is made anew
-# (2: the front end's contention waves). Prompts of a batch that shared a cached prefix would
+# (2: the front end's contention waves; 3: the contention fitted per step kind). Prompts of a batch that shared a cached prefix would
 # make long-context batches cheap to build (SmolLM2: 14 min instead of over an hour), but their
 # decode steps then read the same, cache-hot pages, and that fit priced served decode steps
 # 16-36% low (measured), so every prompt is its own.
-CALIBRATION_METHOD = 2
+CALIBRATION_METHOD = 3
 
 
 def _ints(value: str) -> tuple[int, ...]:
@@ -73,6 +73,10 @@ def add_parser(sub):
                         "a dozen chat requests one at a time, then waves of the largest --batches at once: "
                         "admission, token delivery, the pause between steps and the served steps' slowdown); "
                         "a simulation then assumes none")
+    p.add_argument("--front-end-only", metavar="CALIBRATION", default=None,
+                   help="re-measure only the server's front end of an existing calibration of MODEL on this "
+                        "machine (its engine mode and fitted step costs kept, the grid not run again) and write "
+                        "the calibration with it to --out (a SmolLM2 grid takes half an hour on a slow core)")
     add_engine_flags(p)
     p.set_defaults(max_num_batched_tokens=None)
     return p
@@ -116,20 +120,54 @@ def _weight_dtype(info: dict) -> str:
     return "fp32" if info["dtype"] == "float32" else "bf16"
 
 
-def _front_end(args, info: dict, predict) -> dict:
-    """The front end of `flashlane serve` with the calibrated engine flags (and the dtype and
-    threads the grid resolved), measured on a server of its own."""
+def _front_end(model: str, kwargs: dict, seed: int, concurrency: int, predict) -> dict:
+    """The front end of `flashlane serve` with these engine arguments, measured on a server of its own."""
     from .. import presets
     from ..bench.text_synth import TextSynth, load_tokenizer
     from ..simulate.measure_front_end import measure_front_end
     from .engine_flags import flags_of_engine_kwargs
 
-    kwargs = {**engine_kwargs(args), "dtype": info["dtype"], "num_threads": info.get("num_threads")}
-    synth = TextSynth(args.seed, load_tokenizer(args.model, presets.tokenizer_file)
-                      if presets.tokenizer_file(args.model) else None)
-    return measure_front_end(args.model, flags_of_engine_kwargs(kwargs), synth,
+    synth = TextSynth(seed, load_tokenizer(model, presets.tokenizer_file) if presets.tokenizer_file(model) else None)
+    return measure_front_end(model, flags_of_engine_kwargs(kwargs), synth,
                              log=lambda m: print(m, file=sys.stderr), predict=predict,
-                             concurrency=max(args.batches)).to_dict()
+                             concurrency=concurrency).to_dict()
+
+
+def _refresh_front_end(args) -> int:
+    """``--front-end-only``: the calibration with its front end measured anew."""
+    from dataclasses import replace
+
+    from ..analyze.calibration import load_calibration
+    from ..analyze.models import resolve_model
+    from ..machine import machine_info
+
+    try:
+        cal, _ = load_calibration(args.front_end_only, machine=machine_info(), strict=True)
+    except ValueError as exc:
+        print(f"error: --front-end-only: {exc}", file=sys.stderr)
+        return 2
+    if cal.model != args.model:
+        print(f"error: --front-end-only: the calibration is of {cal.model!r}, not {args.model!r}", file=sys.stderr)
+        return 2
+    if cal.mode.get("quantization"):
+        print("error: --front-end-only: a quantized calibration records no quantization method; "
+              "calibrate it in full", file=sys.stderr)
+        return 2
+    t0 = time.monotonic()
+    kwargs = {k: cal.mode[k] for k in ("dtype", "kv_cache_dtype", "compile", "kernel_backend", "num_threads",
+                                       "linear_kernel") if cal.mode.get(k) is not None}
+    if kwargs.get("kv_cache_dtype") == kwargs.get("dtype"):
+        del kwargs["kv_cache_dtype"]        # recorded resolved: the model's dtype is the flag's "auto"
+    predict = cal.cost_model(resolve_model(args.model).cfg).seconds
+    front_end = _front_end(args.model, kwargs, args.seed, max(cal.grid.get("batches") or [1]), predict)
+    cal = replace(cal, front_end=front_end, grid={**cal.grid, "method": CALIBRATION_METHOD},
+                  notes=[*cal.notes, f"front end re-measured with calibration method {CALIBRATION_METHOD} on "
+                                     f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} in "
+                                     f"{time.monotonic() - t0:.0f} s (--front-end-only {args.front_end_only})"])
+    out = args.out or f"calibration-{str(args.model).replace('/', '_')}.json"
+    cal.save(out)
+    _print(cal, out)
+    return 0
 
 
 def run(args) -> int:
@@ -141,6 +179,8 @@ def run(args) -> int:
     if args.decode_tokens < 2:
         print("error: --decode-tokens must be >= 2 (decode steps are part of the grid)", file=sys.stderr)
         return 2
+    if args.front_end_only:
+        return _refresh_front_end(args)
     apply_thread_default(args)   # before torch loads
     from ..analyze.calibration import Calibration
     from ..analyze.hardware import calibrate_local
@@ -164,7 +204,9 @@ def run(args) -> int:
     for j in (0, 1):
         m, _ = fit(work, *halves[1 - j], peak, bw)
         held_out.append(error_summary(m, *halves[j])["all"])
-    front_end = None if args.no_front_end else _front_end(args, info, model.seconds)
+    front_end = None if args.no_front_end else _front_end(
+        args.model, {**engine_kwargs(args), "dtype": info["dtype"], "num_threads": info.get("num_threads")},
+        args.seed, max(args.batches), model.seconds)
     mode = {"dtype": info["dtype"], "kv_cache_dtype": info["kv_cache_dtype"],
             "quantization": _weight_dtype(info) if info.get("quantization") else None,
             "compile": bool(args.compile), "kernel_backend": (info.get("kernel_backend") or {}).get("name"),
@@ -208,6 +250,7 @@ def _print(cal, out: str) -> None:
                              f"{1e3 * fe['step_gap_s']:.2f} ms; served steps "
                              f"{fe.get('served_prefill_scale', 1.0):.3f}x (prefill) / "
                              f"{fe.get('served_decode_scale', 1.0):.3f}x (decode) the engine alone's, "
-                             f"{fe.get('served_contention', 0.0):+.3f}x per additional sequence (measured to "
-                             f"{fe.get('served_contention_seqs', 1)})"))
+                             f"{fe.get('served_prefill_contention', 0.0):+.3f}x (prefill) / "
+                             f"{fe.get('served_decode_contention', 0.0):+.3f}x (decode) per additional sequence "
+                             f"(measured to {fe.get('served_contention_seqs', 1)})"))
     print(f"written to {out}")

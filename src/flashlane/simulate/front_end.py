@@ -14,9 +14,12 @@ the step-cost grid measures: the API process, its event loop and the client shar
 steps' times over the fitted model's prediction for the same compositions), for steps with a
 prefill chunk and for decode-only steps, measured with one request at a time; a simulation of a
 server multiplies its step costs by them. With more requests in flight the API process streams
-more tokens and its work may compete harder for the cores: ``served_contention`` is the fitted extra
-slowdown per additional sequence in a step, measured with up to ``served_contention_seqs`` requests
-at once (the scale is held there beyond it: the fit never extrapolates in concurrency).
+more tokens and its work may compete harder for the cores: ``served_prefill_contention`` and
+``served_decode_contention`` are the fitted extra slowdown per additional sequence in a step with a
+prefill chunk and in a decode-only step, measured with up to ``served_contention_seqs`` requests at
+once (the scale is held there beyond it: the fit never extrapolates in concurrency). The two kinds
+are fitted apart because they differ: SmolLM2 on a Zen 3 core, 8 streams, decode-only steps ran
+1.31x the engine alone's fit and steps with a prefill chunk 1.14x, as one at a time (2026-12-05).
 """
 
 from __future__ import annotations
@@ -39,8 +42,9 @@ class FrontEnd:
     source: str = "not measured: zero front-end time assumed"
     served_prefill_scale: float = 1.0  # served steps with a prefill chunk / the engine alone's (fitted) time
     served_decode_scale: float = 1.0   # the same for decode-only steps
-    served_contention: float = 0.0     # extra slowdown per additional sequence in a served step
-    served_contention_seqs: int = 1    # the most sequences per step it was measured with
+    served_prefill_contention: float = 0.0  # extra slowdown per additional sequence, steps with a prefill chunk
+    served_decode_contention: float = 0.0   # ... decode-only steps
+    served_contention_seqs: int = 1    # the most sequences per step they were measured with
 
     def __post_init__(self):
         for name in ("request_s", "per_prompt_token_s", "token_s", "step_gap_s"):
@@ -51,16 +55,19 @@ class FrontEnd:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v > 0):
                 raise ValueError(f"front_end.{name} must be a number > 0, got {v!r}")
-        c, n = self.served_contention, self.served_contention_seqs
-        if not (isinstance(c, (int, float)) and math.isfinite(c)):
-            raise ValueError(f"front_end.served_contention must be a finite number, got {c!r}")
+        for name in ("served_prefill_contention", "served_decode_contention"):
+            c = getattr(self, name)
+            if not (isinstance(c, (int, float)) and math.isfinite(c)):
+                raise ValueError(f"front_end.{name} must be a finite number, got {c!r}")
+        n = self.served_contention_seqs
         if not (isinstance(n, int) and n >= 1):
             raise ValueError(f"front_end.served_contention_seqs must be an integer >= 1, got {n!r}")
 
     def step_scale(self, has_prefill: bool, num_seqs: int = 1) -> float:
-        base = self.served_prefill_scale if has_prefill else self.served_decode_scale
+        base, c = ((self.served_prefill_scale, self.served_prefill_contention) if has_prefill
+                   else (self.served_decode_scale, self.served_decode_contention))
         extra = min(max(num_seqs, 1), self.served_contention_seqs) - 1
-        return base * max(MIN_CONTENTION_FACTOR, 1.0 + self.served_contention * extra)
+        return base * max(MIN_CONTENTION_FACTOR, 1.0 + c * extra)
 
     def admission_s(self, prompt_tokens: int) -> float:
         return self.request_s + self.per_prompt_token_s * prompt_tokens
@@ -72,6 +79,11 @@ class FrontEnd:
     def from_dict(cls, d: Mapping | None) -> "FrontEnd":
         if not d:
             return cls()
+        d = dict(d)
+        if "served_contention" in d:     # calibration method 2: one contention fitted over both kinds
+            both = d.pop("served_contention")
+            d.setdefault("served_prefill_contention", both)
+            d.setdefault("served_decode_contention", both)
         unknown = sorted(set(d) - set(cls.__dataclass_fields__))
         if unknown:
             raise ValueError(f"front_end: unknown field(s) {', '.join(unknown)}")
@@ -105,25 +117,32 @@ def served_scales(steps: Sequence[tuple[bool, float, float]]) -> tuple[float, fl
     return out[0], out[1]
 
 
-def served_contention(steps: Sequence[tuple[bool, int, float, float]], scales: tuple[float, float]) -> float:
-    """The extra slowdown per additional sequence, from served steps run with several requests in
-    flight, given as (has a prefill chunk, sequences, measured s, predicted s): least squares of
-    measured = predicted x scale x (1 + c x (sequences - 1)), with ``scales`` the one-at-a-time
-    (prefill, decode) scales; 0.0 where no step had more than one sequence."""
-    num = den = 0.0
-    for has_prefill, seqs, meas, pred in steps:
-        base = pred * (scales[0] if has_prefill else scales[1])
-        x = base * (seqs - 1)
-        num += x * (meas - base)
-        den += x * x
-    return num / den if den > 0 else 0.0
+def served_contention(steps: Sequence[tuple[bool, int, float, float]],
+                      scales: tuple[float, float]) -> tuple[float, float]:
+    """(prefill, decode) extra slowdown per additional sequence, from served steps run with several
+    requests in flight, given as (has a prefill chunk, sequences, measured s, predicted s): per step
+    kind, least squares of measured = predicted x scale x (1 + c x (sequences - 1)), with ``scales``
+    the one-at-a-time (prefill, decode) scales; 0.0 for a kind where no step had more than one
+    sequence."""
+    out = []
+    for kind, scale in ((True, scales[0]), (False, scales[1])):
+        num = den = 0.0
+        for has_prefill, seqs, meas, pred in steps:
+            if has_prefill != kind:
+                continue
+            x = pred * scale * (seqs - 1)
+            num += x * (meas - pred * scale)
+            den += x * x
+        out.append(num / den if den > 0 else 0.0)
+    return out[0], out[1]
 
 
 def fit(requests: Sequence[RequestTiming], step_gaps: Sequence[float], source: str,
-        scales: tuple[float, float] = (1.0, 1.0), contention: float = 0.0, contention_seqs: int = 1) -> FrontEnd:
+        scales: tuple[float, float] = (1.0, 1.0), contention: tuple[float, float] = (0.0, 0.0),
+        contention_seqs: int = 1) -> FrontEnd:
     """Least squares of admission delay = request_s + per_prompt_token_s x prompt tokens (both
     kept >= 0); the median token delay; the median pause between back-to-back steps; ``scales``
-    (from ``served_scales``) and the contention (from ``served_contention``) as they are."""
+    (from ``served_scales``) and the (prefill, decode) contention (from ``served_contention``) as they are."""
     if len(requests) < 2:
         raise ValueError(f"front-end fit: need at least 2 measured requests, got {len(requests)}")
     xs = [float(r.prompt_tokens) for r in requests]
@@ -139,4 +158,5 @@ def fit(requests: Sequence[RequestTiming], step_gaps: Sequence[float], source: s
                     token_s=statistics.median(delays) if delays else 0.0,
                     step_gap_s=statistics.median(step_gaps) if step_gaps else 0.0,
                     served_prefill_scale=scales[0], served_decode_scale=scales[1],
-                    served_contention=contention, served_contention_seqs=contention_seqs, source=source)
+                    served_prefill_contention=contention[0], served_decode_contention=contention[1],
+                    served_contention_seqs=contention_seqs, source=source)

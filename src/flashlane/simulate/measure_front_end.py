@@ -101,7 +101,7 @@ def measure_front_end(model: str, serve_args: list[str], synth: TextSynth, log=p
                   if len(arrivals) == tokens else ())
         timings.append(RequestTiming(prompt, send, mine[0]["start"] - wall_minus_perf, delays))
         gaps += [b["start"] - a["end"] for a, b in zip(made, made[1:])]
-    scales, contention, most = (1.0, 1.0), 0.0, 1
+    scales, contention, most = (1.0, 1.0), (0.0, 0.0), 1
     if predict is not None:
         alone, together = [], []
         for s in steps:
@@ -113,7 +113,8 @@ def measure_front_end(model: str, serve_args: list[str], synth: TextSynth, log=p
             "engine alone's fitted time")
         if together:
             contention, most = served_contention(together, scales), max(n for _, n, _, _ in together)
-            log(f"front end: with up to {most} sequences per step, {contention:+.3f}x more per additional sequence")
+            log(f"front end: with up to {most} sequences per step, {contention[0]:+.3f}x (prefill) and "
+                f"{contention[1]:+.3f}x (decode) more per additional sequence")
     waves = (f"; {CONCURRENT_WAVES} waves of {concurrency} at once" if most > 1 else "")
     return fit(timings, [g for g in gaps if g >= 0],
                f"measured by flashlane calibrate: {len(timings)} chat requests to flashlane serve "

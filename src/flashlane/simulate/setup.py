@@ -114,7 +114,8 @@ def calibrated(model: str, calibration: str | Calibration, engine_args: dict,
                          "coefficients": cost.coefficients, "zero_host": zero_host,
                          "served_step_scales": {"prefill": front.served_prefill_scale,
                                                 "decode": front.served_decode_scale,
-                                                "contention_per_seq": front.served_contention,
+                                                "contention_per_seq": {"prefill": front.served_prefill_contention,
+                                                                       "decode": front.served_decode_contention},
                                                 "contention_measured_to_seqs": front.served_contention_seqs},
                          "fit": {k: cal.fit.get(k) for k in (
                              "median_rel_error", "p90_rel_error", "n_steps")}}})
