@@ -16,11 +16,13 @@ per-task latency mean within 10% (aim 5%), TTFT mean and ITL mean within 15%, pr
 per-step error (median and p90 |sim - measured| / measured over the engine's step records).
 
     python benchmarks/simulate_validation.py [--parts tiny-c1,tiny-c4,smollm2] [--out FILE] [--quick]
+    python benchmarks/simulate_validation.py --parts smollm2 --resimulate WORK_DIR --calibration FILE
 
 --quick: the small workload and one or two tasks (a smoke run of the script, not a validation).
 About 25 min for tiny-c1, 25-35 for tiny-c4 and 10 for smollm2 on 2 cores, plus the calibrations once:
-2-3 min per tiny preset, but SmolLM2's (fp32, 1 thread, up to 8 x 8K contexts) passed compare's
-60-minute limit on a Zen 3 core (AVX2).
+2-5 min per tiny preset, 30 min for SmolLM2 (fp32, 1 thread, on a Zen 3 core with AVX2 only).
+--resimulate takes seconds: the simulator in virtual time over measured runs kept with --keep (or the
+temporary folder a run printed).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from common import machine
@@ -80,11 +83,26 @@ def compare_part(concurrency: int, sessions: int | None, quick: bool, work: Path
             "calibrations": doc.get("calibrations"), "conditions": doc.get("conditions_resolved")}
 
 
-def smollm2_part(quick: bool, work: Path, log) -> dict:
-    from dataclasses import replace
+def _smollm2_config(c: int, n: int, quick: bool, base_url: str, output_dir: Path, server_pid: int | None):
+    from flashlane.bench.runner import BenchConfig
 
+    return BenchConfig(base_url=base_url, output_dir=str(output_dir), model=SMOLLM2, workload="agentic",
+                       scale="small" if quick else SMOLLM2_SCALE, concurrency=[c], num_sessions=n,
+                       warmup="requests", seed=0, progress=False, server_pid=server_pid)
+
+
+def _smollm2_loads(quick: bool) -> list[tuple[int, int]]:
+    return [(1, 1 if quick else 4), (8, 2 if quick else 8)]
+
+
+def smollm2_part(quick: bool, work: Path, log, resimulate: Path | None = None,
+                 calibration: str | None = None) -> dict:
+    """Measure SmolLM2 served at c1 and c8, then simulate the same configs. ``resimulate``: a kept
+    work folder of an earlier run whose measured runs are simulated again (with ``calibration``,
+    the file that run used, or else this machine's cached one) instead of measuring."""
     from flashlane import presets
-    from flashlane.bench.runner import BenchConfig, build_source, run_bench, run_point
+    from flashlane.analyze.calibration import load_calibration
+    from flashlane.bench.runner import build_source, run_bench, run_point
     from flashlane.bench.server_launch import ServerProcess, free_port, serve_command
     from flashlane.bench.text_synth import TextSynth
     from flashlane.cli.compare import equal_conditions
@@ -97,26 +115,32 @@ def smollm2_part(quick: bool, work: Path, log) -> dict:
     flags = extra + SMOLLM2_FLAGS
     sim = LocalSimulator(extra, work / "smollm2", log=log, grid="quick" if quick else "compare", max_batch=8)
     args = sim.engine_args(SMOLLM2_FLAGS)
-    cal, cal_path = sim.calibration(SMOLLM2, args)
+    if calibration:
+        cal, cal_path = load_calibration(calibration, machine=sim.machine)[0], calibration
+    else:
+        cal, cal_path = sim.calibration(SMOLLM2, args)
     if cal is None:
         return {"error": "no calibration of smollm2-135m could be made"}
-    loads = [(1, 1 if quick else 4), (8, 2 if quick else 8)]
     measured = {}
-    port = free_port()
-    with ServerProcess(serve_command(SMOLLM2, port, None, flags), f"http://127.0.0.1:{port}",
-                       work / "smollm2" / "server.log") as srv:
-        for c, n in loads:
-            cfg = BenchConfig(base_url=f"http://127.0.0.1:{port}", output_dir=str(work / "smollm2" / f"measured_c{c}"),
-                              model=SMOLLM2, workload="agentic", scale="small" if quick else SMOLLM2_SCALE,
-                              concurrency=[c],
-                              num_sessions=n, warmup="requests", seed=0, progress=False, server_pid=srv.pid)
-            log(f"smollm2 measured c{c}, {n} tasks")
-            (_, summary, run_dir), = run_bench(cfg, resolve_tokenizer=presets.tokenizer_file)
-            measured[c] = (cfg, summary, run_dir)
+    if resimulate is not None:
+        for c, n in _smollm2_loads(quick):
+            run_dir = resimulate / "smollm2" / f"measured_c{c}"
+            measured[c] = (_smollm2_config(c, n, quick, BASE_URL, run_dir, None),
+                           json.loads((run_dir / "summary.json").read_text()), run_dir)
+    else:
+        port = free_port()
+        with ServerProcess(serve_command(SMOLLM2, port, None, flags), f"http://127.0.0.1:{port}",
+                           work / "smollm2" / "server.log") as srv:
+            for c, n in _smollm2_loads(quick):
+                cfg = _smollm2_config(c, n, quick, f"http://127.0.0.1:{port}", work / "smollm2" / f"measured_c{c}",
+                                      srv.pid)
+                log(f"smollm2 measured c{c}, {n} tasks")
+                (_, summary, run_dir), = run_bench(cfg, resolve_tokenizer=presets.tokenizer_file)
+                measured[c] = (cfg, summary, run_dir)
     sides = []
     setup = calibrated(SMOLLM2, cal, args, sim.machine)[0]
     server = SimulatedServer(setup)
-    for c, _ in loads:
+    for c, _ in _smollm2_loads(quick):
         cfg, summary, run_dir = measured[c]
         scfg = replace(cfg, base_url=BASE_URL, output_dir=str(work / "smollm2" / f"simulated_c{c}"), server_pid=None)
         synth = TextSynth(seed=cfg.seed)     # as the measured run: no tokenizer file for the GGUF preset
@@ -129,6 +153,7 @@ def smollm2_part(quick: bool, work: Path, log) -> dict:
                                                                                    "p90_rel_error")},
                       "per_step_by_kind": steps, "checks": check_side(fig)})
     return {"wall_s": time.monotonic() - t0, "flags": flags, "conditions": conditions, "calibration": cal_path,
+            "resimulated": str(resimulate) if resimulate else None,
             "calibration_fit": cal.fit.get("by_kind"), "front_end": cal.front_end, "sides": sides}
 
 
@@ -153,6 +178,10 @@ def main() -> int:
     ap.add_argument("--out", default="benchmarks/results/simulate_validation.json")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--keep", default=None, help="folder for the runs (default: a temporary one)")
+    ap.add_argument("--resimulate", default=None, metavar="WORK_DIR",
+                    help="smollm2 part: simulate the measured runs of an earlier run's work folder again "
+                         "(this code's simulator) instead of measuring")
+    ap.add_argument("--calibration", default=None, help="with --resimulate: the calibration file that run used")
     args = ap.parse_args()
     log = lambda m: print(m, file=sys.stderr, flush=True)   # noqa: E731
     work = Path(args.keep or tempfile.mkdtemp(prefix="flashlane-simval-"))
@@ -164,7 +193,8 @@ def main() -> int:
     doc.setdefault("parts", {})
     runners = {"tiny-c1": lambda: compare_part(1, None, args.quick, work, log),
                "tiny-c4": lambda: compare_part(4, 2 if args.quick else 8, args.quick, work, log),
-               "smollm2": lambda: smollm2_part(args.quick, work, log)}
+               "smollm2": lambda: smollm2_part(args.quick, work, log,
+                                               Path(args.resimulate) if args.resimulate else None, args.calibration)}
     for name in [p.strip() for p in args.parts.split(",") if p.strip()]:
         if name not in runners:
             ap.error(f"--parts: unknown part {name!r} (known: {', '.join(runners)})")

@@ -277,6 +277,27 @@ def test_front_end_time_delays_admission_and_each_token():
     assert [b - a for a, b in zip(a1, a1[1:])] == pytest.approx([b - a for a, b in zip(a0, a0[1:])], abs=1e-9)
 
 
+def test_admission_is_serial_as_in_the_one_api_process():
+    """Three requests sent at once reach the engine one admission time apart, so the first step
+    holds the first alone (with admission in parallel all three would share it)."""
+    body = {"messages": MESSAGES, "max_tokens": 2}
+    prompt_len = len(_prompts().chat(MESSAGES))
+    fe = FrontEnd(request_s=0.5, per_prompt_token_s=1e-3)
+    admit = 0.5 + 1e-3 * prompt_len
+
+    async def burst(client):
+        return await asyncio.gather(*(_stream(client, "/v1/chat/completions", body) for _ in range(3)))
+
+    # a step far longer than admission, a budget that takes each whole prompt at once
+    server, streams = _serve(burst, front_end=fe, cost=10.0, max_num_batched_tokens=4096)
+    sent = min(st for st, _, _ in streams)
+    first, second = server.steps[0], server.steps[1]
+    assert first["start"] == pytest.approx(sent + admit, abs=1e-6)
+    assert len(first["request_ids"]) == 1         # the first alone: the others were still being admitted
+    assert set(first["request_ids"]) < set(second["request_ids"]) and len(second["request_ids"]) == 3
+    assert second["start"] == pytest.approx(first["end"], abs=1e-6)
+
+
 def test_a_developer_message_is_served_as_flashlane_serve_serves_it():
     msgs = [{"role": "developer", "content": "Be terse."}, {"role": "user", "content": "hi"}]
 

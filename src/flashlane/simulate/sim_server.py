@@ -6,7 +6,9 @@ The bench's own client (``httpx.AsyncClient``) talks to this transport exactly a
 it a ``SimEngine`` (the engine's real scheduler and cache manager, the step-cost model for time)
 steps in the virtual time of the event loop it runs on. A request reaches the engine after the
 front end's admission time; each token reaches the client ``front_end.token_s`` after the step
-that made it ended. Nothing is computed: generated tokens are a filler word, so only ``recorded``
+that made it ended. Admission is serial, as in the one API process of ``flashlane serve`` (HTTP,
+chat template and tokenisation on one event loop): requests sent at once reach the engine one
+admission time apart, so a burst's first step holds the first arrivals only. Nothing is computed: generated tokens are a filler word, so only ``recorded``
 replays (``ignore_eos``, fixed lengths) are meaningful.
 """
 
@@ -38,6 +40,7 @@ class SimServer(httpx.AsyncBaseTransport):
         self._ids = itertools.count()
         self._arrived: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
+        self._admitted_until = 0.0     # when the API process is done with the requests already sent
 
     # ---- the engine loop -------------------------------------------------------------------
     def start(self) -> None:
@@ -122,7 +125,9 @@ class SimServer(httpx.AsyncBaseTransport):
                       chat: bool) -> AsyncIterator[dict]:
         loop = asyncio.get_running_loop()
         try:
-            await asyncio.sleep(self.front_end.admission_s(len(prompt)))
+            start = max(loop.time(), self._admitted_until)
+            self._admitted_until = start + self.front_end.admission_s(len(prompt))
+            await asyncio.sleep(self._admitted_until - loop.time())
             self.engine.now = loop.time()
             req = self.engine.add_request(rid, prompt, max_tokens)
             self._arrived.set()
