@@ -183,6 +183,10 @@ def main() -> int:
                          "(this code's simulator) instead of measuring")
     ap.add_argument("--calibration", default=None, help="with --resimulate: the calibration file that run used")
     args = ap.parse_args()
+    if args.calibration and not args.resimulate:
+        ap.error("--calibration goes with --resimulate (a measuring run calibrates, or reuses this machine's)")
+    if args.resimulate and {p.strip() for p in args.parts.split(",") if p.strip()} != {"smollm2"}:
+        ap.error("--resimulate applies to the smollm2 part only: pass --parts smollm2")
     log = lambda m: print(m, file=sys.stderr, flush=True)   # noqa: E731
     work = Path(args.keep or tempfile.mkdtemp(prefix="flashlane-simval-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -202,7 +202,8 @@ def test_calibrate_fits_the_engine_and_writes_a_calibration_that_checks_machine_
     assert refreshed["front_end"] != raw["front_end"] and "waves of 3 at once" in refreshed["front_end"]["source"]
     assert "--front-end-only" in refreshed["notes"][-1]
     for argv, named in [(["tiny-standard", "--front-end-only", str(out)], "tiny-flash"),
-                        (["tiny-flash", "--front-end-only", str(tmp_path / "none.json")], "cannot read")]:
+                        (["tiny-flash", "--front-end-only", str(tmp_path / "none.json")], "cannot read"),
+                        (["tiny-flash", "--front-end-only", str(out), "--no-front-end"], "--no-front-end")]:
         assert main(["calibrate", *argv, "--out", str(tmp_path / "x.json")]) == 2
         assert named in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()

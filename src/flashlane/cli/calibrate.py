@@ -25,10 +25,10 @@ DEFAULT_CONTEXTS = (256, 1024, 4096)
 QUICK = {"chunks": (256,), "batches": (1, 4), "contexts": (128, 512)}
 FOLLOW_UP_TOKENS = (16, 256)
 # what calibrate measures, versioned: a cached calibration of another method is made anew
-# (2: the front end's contention waves; 3: the contention fitted per step kind). Prompts of a batch that shared a cached prefix would
-# make long-context batches cheap to build (SmolLM2: 14 min instead of over an hour), but their
-# decode steps then read the same, cache-hot pages, and that fit priced served decode steps
-# 16-36% low (measured), so every prompt is its own.
+# (2: the front end's contention waves; 3: the contention fitted per step kind). Prompts of a
+# batch that shared a cached prefix would make long-context batches cheap to build (SmolLM2: 14
+# min instead of over an hour), but their decode steps then read the same, cache-hot pages, and
+# that fit priced served decode steps 16-36% low (measured), so every prompt is its own.
 CALIBRATION_METHOD = 3
 
 
@@ -180,6 +180,9 @@ def run(args) -> int:
         print("error: --decode-tokens must be >= 2 (decode steps are part of the grid)", file=sys.stderr)
         return 2
     if args.front_end_only:
+        if args.no_front_end:
+            print("error: --front-end-only and --no-front-end contradict each other", file=sys.stderr)
+            return 2
         return _refresh_front_end(args)
     apply_thread_default(args)   # before torch loads
     from ..analyze.calibration import Calibration

@@ -8,8 +8,9 @@ steps in the virtual time of the event loop it runs on. A request reaches the en
 front end's admission time; each token reaches the client ``front_end.token_s`` after the step
 that made it ended. Admission is serial, as in the one API process of ``flashlane serve`` (HTTP,
 chat template and tokenisation on one event loop): requests sent at once reach the engine one
-admission time apart, so a burst's first step holds the first arrivals only. Nothing is computed: generated tokens are a filler word, so only ``recorded``
-replays (``ignore_eos``, fixed lengths) are meaningful.
+admission time apart, so a burst's first step holds the first arrivals only. Nothing is
+computed: generated tokens are a filler word, so only ``recorded`` replays (``ignore_eos``, fixed
+lengths) are meaningful.
 """
 
 from __future__ import annotations
