@@ -13,20 +13,26 @@ from engine_models import preset, random_prompts, small_glm, tiny_llama
 from flashlane.engine.llm import LLM
 from flashlane.engine.sampling_params import SamplingParams
 from flashlane.kernels.backends import select_backend
-from flashlane.kernels.linear_plan import (DECODE_SHAPE, LinearPlan, choose_linear_plan, linear, pack_weight,
-                                           unavailable)
+from flashlane.kernels.linear_plan import (CHOICES, DECODE_SHAPE, LinearPlan, choose_linear_plan, linear,
+                                           pack_weight, unavailable)
 from flashlane.models.packed_linear import PackedLinear, pack_linears
 
 ONEDNN = unavailable("onednn", torch.float32) is None
 needs_onednn = pytest.mark.skipif(not ONEDNN, reason="this torch build has no oneDNN")
+NATIVE_WHY_NOT = unavailable("native", torch.float32)
+needs_native = pytest.mark.skipif(NATIVE_WHY_NOT is not None, reason=f"native kernel: {NATIVE_WHY_NOT}")
+PACKED_FORMATS = [pytest.param("onednn", marks=needs_onednn), pytest.param("native", marks=needs_native)]
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 
 
-def _timer(decode: float, batch: float, prefill: float):
-    """A fake timer: aten takes 1 s everywhere, onednn the given seconds per row class."""
+def _timer(decode: float, batch: float, prefill: float, native: tuple[float, float] = (1.0, 1.0)):
+    """A fake timer: aten takes 1 s everywhere, onednn the given seconds per row class, native
+    ``native`` at 1 and 8 rows."""
     def timer(fmt, rows, shape, dtype):
         if fmt == "aten":
             return 1.0
+        if fmt == "native":
+            return dict(zip((1, 8), native))[rows]
         return {1: decode, 16: batch, 128: prefill}[rows]
     return timer
 
@@ -48,6 +54,35 @@ def test_auto_takes_onednn_only_where_it_is_no_slower_at_decode_and_faster_in_ba
     assert "timed:" in plan.why and "decode (1 rows" in plan.why and f"{DECODE_SHAPE[0]}x{DECODE_SHAPE[1]}" in plan.why
 
 
+@needs_native
+@pytest.mark.parametrize("native, onednn, want", [
+    ((1.04, 0.6), (1.2, 1.0, 1.0), "native"),     # no slower at decode, faster at 8 rows
+    ((1.1, 0.5), (1.2, 1.0, 1.0), "aten"),        # slower at decode: decode is what streams the weights
+    ((0.8, 0.95), (1.2, 1.0, 1.0), "aten"),       # not 10% faster at 8 rows (batched decode)
+    ((0.9, 0.6), (0.85, 0.6, 0.6), "onednn"),     # both qualify: the faster at decode
+    ((0.8, 0.6), (1.0, 0.6, 0.6), "native"),
+])
+def test_auto_takes_native_only_where_it_is_no_slower_at_decode_and_faster_in_small_batches(
+        native, onednn, want, monkeypatch):
+    monkeypatch.delenv("FLASHLANE_LINEAR_KERNEL", raising=False)
+    timer = _timer(*onednn, native=native)
+    if not ONEDNN:
+        want = "aten" if want == "onednn" else want
+    plan = choose_linear_plan("auto", torch.float32, timer=timer)
+    assert plan.format == want
+    assert "native/aten decode" in plan.why and "8 rows" in plan.why
+
+
+def test_native_is_refused_by_name_where_it_cannot_run(monkeypatch):
+    monkeypatch.delenv("FLASHLANE_LINEAR_KERNEL", raising=False)
+    with pytest.raises(ValueError, match="linear_kernel 'native' cannot run here: .*float32 weights, not torch.bfloat16"):
+        choose_linear_plan("native", torch.bfloat16)
+    with pytest.raises(ValueError, match="linear_kernel 'native' cannot run here: .*CPU kernel"):
+        choose_linear_plan("native", torch.float32, "meta")
+    plan = choose_linear_plan("auto", torch.bfloat16, timer=_timer(1.2, 1.0, 1.0, native=(0.1, 0.1)))
+    assert plan.format != "native" and "native: the native kernel multiplies float32" in plan.why
+
+
 def test_named_pinned_and_impossible_choices(monkeypatch):
     monkeypatch.delenv("FLASHLANE_LINEAR_KERNEL", raising=False)
     assert choose_linear_plan("aten", torch.float32) == LinearPlan("aten", "chosen by name")
@@ -66,7 +101,7 @@ def test_named_pinned_and_impossible_choices(monkeypatch):
 
 
 def test_engine_args_name_the_field():
-    with pytest.raises(ValueError, match="linear_kernel must be 'auto', 'aten' or 'onednn'"):
+    with pytest.raises(ValueError, match="linear_kernel must be one of 'auto', 'aten', 'onednn', 'native'"):
         LLM(tiny_llama(), dtype="float32", linear_kernel="fast")
 
 
@@ -100,6 +135,18 @@ def test_pack_linears_replaces_plain_linears_and_counts_a_tied_heads_copy():
     assert pack_linears(m, LinearPlan("aten", "test"), select_backend("cpu")).linears == 0
 
 
+@needs_native
+def test_native_keeps_the_loaded_weights_and_a_tied_head_shares_the_embedding():
+    m = copy.deepcopy(tiny_llama()).model
+    m.lm_head.weight = m.model.embed_tokens.weight
+    x = torch.randn(2, m.config.hidden_size)
+    want = m.lm_head(x)
+    report = pack_linears(m, LinearPlan("native", "test"), select_backend("cpu"))
+    assert report.linears > 0 and report.extra_bytes == 0 and "tied weights" not in report.describe()
+    assert m.lm_head.packed.data_ptr() == m.model.embed_tokens.weight.data_ptr()
+    torch.testing.assert_close(m.lm_head(x), want, rtol=1e-5, atol=1e-5)
+
+
 @needs_onednn
 def test_the_kernel_matches_aten_on_bfloat16_where_onednn_packs_it():
     if unavailable("onednn", torch.bfloat16):
@@ -120,16 +167,16 @@ def _model(name):
     return preset(name)
 
 
-@needs_onednn
+@pytest.mark.parametrize("fmt", PACKED_FORMATS)
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-flash", "tiny-standard", "small-glm5_next"])
-def test_packed_engine_greedy_equals_aten_batched_and_alone(name):
+def test_packed_engine_greedy_equals_aten_batched_and_alone(name, fmt):
     m = _model(name)
     prompts = random_prompts(4, 5, 70, min(m.config.vocab_size, 4000), seed=3)
     want = [o.token_ids for o in LLM(m, dtype="float32", linear_kernel="aten", max_num_batched_tokens=64)
             .generate(prompts, GREEDY)]
-    packed = LLM(copy.deepcopy(m), dtype="float32", linear_kernel="onednn", max_num_batched_tokens=64)
+    packed = LLM(copy.deepcopy(m), dtype="float32", linear_kernel=fmt, max_num_batched_tokens=64)
     info = packed.engine.info.linear_kernel
-    assert info["format"] == "onednn" and info["linears"] > 0 and info["why"] == "chosen by name"
+    assert info["format"] == fmt and info["linears"] > 0 and info["why"] == "chosen by name"
     assert [o.token_ids for o in packed.generate(prompts, GREEDY)] == want                  # batched
     assert [packed.generate([p], GREEDY)[0].token_ids for p in prompts] == want            # alone
 
@@ -148,13 +195,13 @@ def test_packed_mtp_layer_drafts_and_the_ids_stay_those_of_speculation_off():
     assert spec.engine.stats().get("spec_draft_tokens", 0) > 0       # (random weights: few are accepted)
 
 
-@needs_onednn
-def test_packed_logits_stay_within_1e4_of_aten_on_smollm2():
+@pytest.mark.parametrize("fmt", PACKED_FORMATS)
+def test_packed_logits_stay_within_1e4_of_aten_on_smollm2(fmt):
     m = preset("smollm2-135m")
     prompt = random_prompts(1, 40, 40, 4000, seed=5)[0]
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=5)
     a = LLM(m, dtype="float32", linear_kernel="aten").generate([prompt], params)[0]
-    b = LLM(copy.deepcopy(m), dtype="float32", linear_kernel="onednn").generate([prompt], params)[0]
+    b = LLM(copy.deepcopy(m), dtype="float32", linear_kernel=fmt).generate([prompt], params)[0]
     assert a.token_ids == b.token_ids
     for la, lb in zip(a.logprobs, b.logprobs):
         for tok, lp in la.items():
@@ -164,8 +211,8 @@ def test_packed_logits_stay_within_1e4_of_aten_on_smollm2():
 def test_auto_on_a_model_it_loads_is_timed_and_reported():
     llm = LLM("tiny-flash", dtype="float32")
     info = llm.engine.info.linear_kernel
-    assert info["why"].startswith("timed:" if ONEDNN else "onednn:") or "FLASHLANE_LINEAR_KERNEL" in info["why"]
-    assert (info["linears"] > 0) == (info["format"] == "onednn")
+    assert info["why"].startswith("timed:") or "FLASHLANE_LINEAR_KERNEL" in info["why"]
+    assert (info["linears"] > 0) == (info["format"] != "aten")
     assert llm.engine.startup["linear_kernel"] == info
     assert f"linears {info['format']}" in llm.engine.describe_weights()
 
@@ -187,5 +234,8 @@ def test_the_serve_flag_reaches_the_engine_args():
     add_engine_flags(p)
     assert engine_kwargs(p.parse_args([]))["linear_kernel"] == "auto"
     assert engine_kwargs(p.parse_args(["--linear-kernel", "onednn"]))["linear_kernel"] == "onednn"
+    assert engine_kwargs(p.parse_args(["--linear-kernel", "native"]))["linear_kernel"] == "native"
+    flag = next(a for a in p._actions if "--linear-kernel" in a.option_strings)
+    assert tuple(flag.choices) == CHOICES
     with pytest.raises(SystemExit):
         p.parse_args(["--linear-kernel", "mkl"])

@@ -135,11 +135,14 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="kernels the model ops run on: auto (the preferred backend for the device) or a "
                         "registered backend name (built in: cpu, the plain-torch kernels); the choice is "
                         "printed at start-up (default: auto)")
-    p.add_argument("--linear-kernel", choices=["auto", "aten", "onednn"], default=d.linear_kernel,
-                   help="how the float linears' weights are held: aten (as loaded, torch's matmul), onednn "
-                        "(reordered once for oneDNN), or auto: timed at start-up on this CPU, onednn only "
-                        "where it is no slower at decode and 10%% faster at batch/prefill rows; static "
-                        "graphs (--compile) and int8 keep theirs and ignore it; the choice is printed at start-up (default: auto)")
+    p.add_argument("--linear-kernel", choices=["auto", "aten", "onednn", "native"], default=d.linear_kernel,
+                   help="how the float linears' weights are held and multiplied: aten (as loaded, torch's "
+                        "matmul), onednn (reordered once for oneDNN), native (as loaded; up to 16 rows "
+                        "through flashlane's AVX2 kernel, float32), or auto: timed at start-up on this CPU, "
+                        "onednn only where it is no slower at decode and 10%% faster at batch/prefill rows, "
+                        "native only where it is 5%% faster at decode and no slower at 8 rows; static "
+                        "graphs (--compile) and int8 keep theirs and ignore it; the choice is printed at "
+                        "start-up (default: auto)")
     p.add_argument("--skip-tokenizer-init", action="store_true", default=d.skip_tokenizer_init,
                    help="load no tokenizer (a checkpoint without tokenizer.json): prompts and outputs are "
                         "token ids, output text is empty")

@@ -44,7 +44,7 @@ class EngineArgs:
     static_batch_size: int = 32          # static: requests per batch, taken in arrival order
     step_log_size: int = 100_000         # engine step records kept (ring buffer; /debug/steps)
     kernel_backend: str = "auto"         # kernels the model ops run on: auto (chosen for the device) | a name
-    linear_kernel: str = "auto"          # float linears' weight format: auto (timed at start-up) | aten | onednn
+    linear_kernel: str = "auto"          # float linears' format: auto (timed at start-up) | aten | onednn | native
     speculative_config: dict | str | None = None   # {"method": "ngram", "num_speculative_tokens": k, ...}; None = off
 
     @classmethod
@@ -100,8 +100,11 @@ class EngineArgs:
             raise ValueError("host_cache_memory / disk_cache_dir are tiers of the prefix cache: "
                              "they need enable_prefix_caching")
         self._check_kernel_backend()
-        if self.linear_kernel not in ("auto", "aten", "onednn"):
-            raise ValueError(f"linear_kernel must be 'auto', 'aten' or 'onednn', got {self.linear_kernel!r}")
+        from ..kernels.linear_plan import CHOICES as linear_kernels
+
+        if self.linear_kernel not in linear_kernels:
+            raise ValueError(f"linear_kernel must be one of {', '.join(map(repr, linear_kernels))}, "
+                             f"got {self.linear_kernel!r}")
         self.speculative()      # ValueError naming the speculative_config field
 
     def speculative(self):

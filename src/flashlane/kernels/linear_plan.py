@@ -1,18 +1,23 @@
 """How the float linears' weights are stored and multiplied, chosen once at start-up per CPU.
 
-Two formats:
+Three formats:
 
 - ``aten``: the weight as loaded, ``torch.nn.functional.linear`` (on x86 CPUs torch calls MKL's
   sgemm, which on AMD CPUs takes a generic code path);
 - ``onednn``: the weight reordered once into oneDNN's blocked layout (the format Inductor's CPU
   freezing and vLLM's CPU linears use) and multiplied by oneDNN, whose kernels are chosen by the
-  CPU's instruction set rather than its vendor.
+  CPU's instruction set rather than its vendor;
+- ``native``: the weight as loaded; up to ``row_gemm.MAX_ROWS`` rows (decode) go through
+  flashlane's own AVX2 kernel (``native/row_gemm.cpp``, float32, single-threaded, batch-invariant),
+  more rows (prefill) through torch as in ``aten``.
 
-One format holds for every row count (a second copy of every weight would double the model's
-memory), so ``auto`` times both on this CPU and takes ``onednn`` only where it is no slower at
-decode (1 row, on a weight larger than the last-level cache, the bandwidth-bound case) and at
-least 10% faster at batch and prefill row counts; ties keep the loaded weights. The choice and
-its timings go into the start-up report (``LinearPlan.describe``).
+One storage holds for every row count (a second copy of every weight would double the model's
+memory), so ``auto`` times the formats on this CPU. ``onednn`` is taken only where it is no slower
+at decode (1 row, on a weight larger than the last-level cache, the bandwidth-bound case) and at
+least 10% faster at batch and prefill row counts; ``native`` only where it is no slower at decode
+and at least 10% faster at 8 rows (its prefill is aten's); where both qualify, the faster at
+decode. Ties keep the loaded weights. The choice and its timings go into the start-up report
+(``LinearPlan.describe``).
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ from dataclasses import dataclass
 import torch
 
 from .cpu_caps import best_time, timed_once
+from .native import row_gemm
 
-FORMATS = ("aten", "onednn")
+FORMATS = ("aten", "onednn", "native")
 CHOICES = ("auto", *FORMATS)
 # rows timed per class: decode on a weight past the last-level cache (64 MiB in fp32), batch and
 # prefill on a small model's MLP matrix
@@ -35,6 +41,11 @@ BATCH_SHAPE = (2048, 1024)
 ROWS = (("decode", 1, DECODE_SHAPE), ("batch", 16, BATCH_SHAPE), ("prefill", 128, BATCH_SHAPE))
 DECODE_TOLERANCE = 1.05        # onednn / aten at decode: no slower (5% timing noise allowed)
 BATCH_GAIN = 0.9               # geometric mean onednn / aten over batch + prefill: 10% faster
+NATIVE_ROWS = (("decode", 1, DECODE_SHAPE), ("batch", 8, DECODE_SHAPE))   # native's rows; more are aten's
+# native / aten: no slower at 1 row (5% timing noise allowed: one 64 MiB GEMV timed a few times
+# moves by 10-20% on a shared machine) and 10% faster at 8 rows, where MKL's small-M GEMM is slow
+NATIVE_DECODE_TOLERANCE = 1.05
+NATIVE_BATCH_GAIN = 0.9
 
 Timer = Callable[[str, int, tuple[int, int], torch.dtype], float]     # (format, rows, shape, dtype) -> s
 
@@ -45,6 +56,12 @@ def unavailable(fmt: str, dtype: torch.dtype, device: torch.device | str = "cpu"
         raise ValueError(f"linear_kernel must be one of {', '.join(CHOICES)}, got {fmt!r}")
     if fmt == "aten":
         return None
+    if fmt == "native":
+        if torch.device(device).type != "cpu":
+            return f"device {torch.device(device)}: the native kernel is a CPU kernel"
+        if dtype != torch.float32:
+            return f"the native kernel multiplies float32 weights, not {dtype}"
+        return row_gemm.unavailable()
     if torch.device(device).type != "cpu":
         return f"device {torch.device(device)}: oneDNN packed weights are a CPU format"
     if not torch.backends.mkldnn.is_available():
@@ -59,21 +76,28 @@ def unavailable(fmt: str, dtype: torch.dtype, device: torch.device | str = "cpu"
 
 
 def pack_weight(fmt: str, weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` [out, in] in ``fmt``'s storage (``aten``: itself)."""
-    if fmt == "aten":
+    """``weight`` [out, in] in ``fmt``'s storage (``aten``, ``native``: itself)."""
+    if fmt in ("aten", "native"):
         return weight
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 1)
 
 
+def copies_weight(fmt: str) -> bool:
+    """Whether ``fmt``'s storage is a copy of the loaded weight (a tied one is then held twice)."""
+    return fmt == "onednn"
+
+
 def unpack_weight(fmt: str, packed: torch.Tensor) -> torch.Tensor:
     """The dense [out, in] weight back from ``fmt``'s storage."""
-    return packed if fmt == "aten" else packed.to_dense()
+    return packed if fmt in ("aten", "native") else packed.to_dense()
 
 
 def linear(fmt: str, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x [..., in] @ W^T + bias with W stored in ``fmt``."""
     if fmt == "aten":
         return torch.nn.functional.linear(x, packed, bias)
+    if fmt == "native":
+        return row_gemm.linear(x, packed, bias)
     lead = x.shape[:-1]
     out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, bias, "none", [], "")
     return out.reshape(*lead, out.shape[-1])
@@ -118,22 +142,40 @@ def choose_linear_plan(choice: str, dtype: torch.dtype, device: torch.device | s
         if why_not:
             raise ValueError(f"linear_kernel {choice!r} cannot run here: {why_not}")
         return LinearPlan(choice, "chosen by name" if not pinned else "pinned by FLASHLANE_LINEAR_KERNEL")
+    timer = timer or _cached
+    threads = torch.get_num_threads()
+    candidates, notes = [], []
     why_not = unavailable("onednn", dtype, device)
     if why_not:
-        return LinearPlan("aten", f"onednn: {why_not}")
-    timer = timer or _cached
-    ratios, notes = {}, []
-    for cls, rows, shape in ROWS:
-        t = {f: timer(f, rows, shape, dtype) for f in FORMATS}
-        ratios[cls] = t["onednn"] / t["aten"]
-        notes.append(f"{cls} ({rows} rows, {shape[0]}x{shape[1]}): aten {t['aten'] * 1e3:.2f}ms "
-                     f"onednn {t['onednn'] * 1e3:.2f}ms")
-    batch = math.sqrt(ratios["batch"] * ratios["prefill"])
-    wins = ratios["decode"] <= DECODE_TOLERANCE and batch <= BATCH_GAIN
-    rule = (f"onednn/aten decode {ratios['decode']:.2f} (<= {DECODE_TOLERANCE}), batch+prefill {batch:.2f} "
-            f"(<= {BATCH_GAIN}) at {torch.get_num_threads()} threads")
-    return LinearPlan("onednn" if wins else "aten", f"timed: {rule}; " + "; ".join(notes))
+        notes.append(f"onednn: {why_not}")
+    else:
+        ratios, timings = {}, []
+        for cls, rows, shape in ROWS:
+            t = {f: timer(f, rows, shape, dtype) for f in ("aten", "onednn")}
+            ratios[cls] = t["onednn"] / t["aten"]
+            timings.append(f"{cls} ({rows} rows, {shape[0]}x{shape[1]}): aten {t['aten'] * 1e3:.2f}ms "
+                           f"onednn {t['onednn'] * 1e3:.2f}ms")
+        batch = math.sqrt(ratios["batch"] * ratios["prefill"])
+        if ratios["decode"] <= DECODE_TOLERANCE and batch <= BATCH_GAIN:
+            candidates.append((ratios["decode"], "onednn"))
+        notes.append(f"onednn/aten decode {ratios['decode']:.2f} (<= {DECODE_TOLERANCE}), batch+prefill "
+                     f"{batch:.2f} (<= {BATCH_GAIN}): " + "; ".join(timings))
+    why_not = unavailable("native", dtype, device)
+    if why_not:
+        notes.append(f"native: {why_not}")
+    else:
+        ratios, timings = {}, []
+        for cls, rows, shape in NATIVE_ROWS:
+            t = {f: timer(f, rows, shape, dtype) for f in ("aten", "native")}
+            ratios[cls] = t["native"] / t["aten"]
+            timings.append(f"{cls} ({rows} rows): aten {t['aten'] * 1e3:.2f}ms native {t['native'] * 1e3:.2f}ms")
+        if ratios["decode"] <= NATIVE_DECODE_TOLERANCE and ratios["batch"] <= NATIVE_BATCH_GAIN:
+            candidates.append((ratios["decode"], "native"))
+        notes.append(f"native/aten decode {ratios['decode']:.2f} (<= {NATIVE_DECODE_TOLERANCE}), 8 rows "
+                     f"{ratios['batch']:.2f} (<= {NATIVE_BATCH_GAIN}): " + "; ".join(timings))
+    chosen = min(candidates)[1] if candidates else "aten"
+    return LinearPlan(chosen, f"timed: at {threads} threads, " + "; ".join(notes))
 
 
-__all__ = ["CHOICES", "FORMATS", "LinearPlan", "choose_linear_plan", "linear", "pack_weight", "unavailable",
-           "unpack_weight"]
+__all__ = ["CHOICES", "FORMATS", "LinearPlan", "choose_linear_plan", "copies_weight", "linear", "pack_weight",
+           "unavailable", "unpack_weight"]

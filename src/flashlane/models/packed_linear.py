@@ -1,10 +1,11 @@
 """Float linears with their weights held in the format the kernel plan chose (engine arg
 ``linear_kernel``; ``kernels.linear_plan``): every plain ``nn.Linear`` of a loaded model becomes a
-``PackedLinear`` whose weight is reordered once and multiplied through the kernel backend.
+``PackedLinear`` whose weight is held in that format (reordered once, or as loaded) and multiplied
+through the kernel backend.
 
 Left as they are: ``Fp32Linear`` layers (the reference keeps them in fp32 on purpose; they are
 small) and anything already quantised. A tied LM head gets its own packed copy (the embedding
-keeps the table it looks rows up in); ``PackReport`` counts those bytes.
+keeps the table it looks rows up in; ``native`` shares it); ``PackReport`` counts those bytes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from torch import nn
 
 from ..kernels.backends import KernelBackend
-from ..kernels.linear_plan import LinearPlan, pack_weight, unpack_weight
+from ..kernels.linear_plan import LinearPlan, copies_weight, pack_weight, unpack_weight
 from .layers import Fp32Linear
 
 
@@ -84,7 +85,7 @@ def pack_linears(model: nn.Module, plan: LinearPlan, ops: KernelBackend) -> Pack
     kept = {id(p) for m in model.modules() if id(m) not in replaced for p in m.parameters(recurse=False)}
     extra = 0
     for name, m in targets:
-        if id(m.weight) in kept:               # shared with a module that stays (a tied embedding)
+        if id(m.weight) in kept and copies_weight(plan.format):   # a tied embedding keeps its own
             extra += m.weight.numel() * m.weight.element_size()
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, PackedLinear(m, plan.format, ops))

@@ -158,7 +158,8 @@ class KernelBackend(ABC):
     def dense_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                      fmt: str = "aten") -> torch.Tensor:
         """x @ W^T + bias with the float weight W held in storage format ``fmt`` (``kernels.linear_plan``:
-        ``aten`` = as loaded, ``onednn`` = reordered once for oneDNN)."""
+        ``aten`` = as loaded, ``onednn`` = reordered once for oneDNN, ``native`` = as loaded, few
+        rows through flashlane's own kernel)."""
 
     @abstractmethod
     def int8_linear(self, x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,

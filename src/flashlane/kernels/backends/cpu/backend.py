@@ -8,6 +8,7 @@ import torch
 
 from ... import indexer, kda, kv_store, linear_plan, mhc, moe, quant_matmul, rope, short_conv, sparse_mla
 from ...compiled import compiled as compiled_fn
+from ...native import paged_attention
 from ...sparse_mla_expanded import prefer_expanded, sparse_mla_expanded
 from ..base import KernelBackend, VarlenBatch
 from .dense_attention import AttentionPlan, dense_attention
@@ -50,12 +51,23 @@ class CpuBackend(KernelBackend):
 
     name = "cpu"
 
-    def __init__(self, device: torch.device | str = "cpu"):
+    def __init__(self, device: torch.device | str = "cpu", native_decode_attention: bool | None = None):
         super().__init__(device)
         self._rope_tables: dict[tuple[int, float], rope.RopeCache] = {}
+        # decode rows of float32 dense attention read the paged pool in place (native kernel)
+        # where it builds on this CPU; None: decided here, once
+        self._native_why_not = (paged_attention.unavailable() if self.device.type == "cpu"
+                                else f"device {self.device}")
+        if native_decode_attention is None:
+            native_decode_attention = self._native_why_not is None
+        elif native_decode_attention and self._native_why_not:
+            raise ValueError(f"native decode attention cannot run here: {self._native_why_not}")
+        self.native_decode_attention = native_decode_attention
 
     def describe(self) -> str:
-        return f"{self.name}: plain-torch kernels (flashlane.kernels) on {self.device}"
+        attn = ("dense decode attention native (paged, in place)" if self.native_decode_attention
+                else f"dense decode attention torch SDPA ({self._native_why_not or 'native off'})")
+        return f"{self.name}: plain-torch kernels (flashlane.kernels) on {self.device}; {attn}"
 
     # ---- dense attention ---------------------------------------------------------------------
 
@@ -63,7 +75,7 @@ class CpuBackend(KernelBackend):
         return AttentionPlan(meta)
 
     def dense_attention(self, q, k, v, pool, pool_scale, meta, plan):
-        return dense_attention(q, k, v, pool, pool_scale, meta, plan)
+        return dense_attention(q, k, v, pool, pool_scale, meta, plan, self.native_decode_attention)
 
     # ---- KDA -------------------------------------------------------------------------------------
 

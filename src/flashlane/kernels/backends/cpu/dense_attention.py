@@ -1,4 +1,6 @@
-"""Dense causal GQA attention over a paged KV pool: gather plan + torch SDPA (plain-torch path)."""
+"""Dense causal GQA attention over a paged KV pool: gather plan + torch SDPA (plain-torch path);
+decode rows of a float32 pool may instead read the pool in place through the native kernel
+(``kernels/native/paged_attention``) when the backend turned it on."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ...kv_store import gather_rows, write_rows
+from ...native import paged_attention
 from ..base import VarlenBatch
 
 
@@ -18,6 +21,10 @@ class _Group:
     tokens: torch.Tensor          # [B, Q] flat token index
     rows: torch.Tensor            # [B, T] flat pool row of each history position
     mask: torch.Tensor | None     # [B, 1, Q, T] bool, None = plain causal from position 0
+    # decode groups (Q = 1): each sequence's block table and length, for the in-place native path
+    tables: torch.Tensor | None = None
+    lens: torch.Tensor | None = None
+    every_row: bool = False       # the group's tokens are all the forward's tokens, in order
 
 
 class AttentionPlan:
@@ -36,7 +43,8 @@ class AttentionPlan:
             rows = self._rows(batch.block_tables, batch.block_tables.shape[1] * page, page)
             t = torch.arange(rows.shape[1], device=dev)
             mask = (t[None, :] < batch.ctx_lens_t[:, None])[:, None, None, :]
-            self.groups.append(_Group(torch.arange(rows.shape[0], device=dev)[:, None], rows, mask))
+            self.groups.append(_Group(torch.arange(rows.shape[0], device=dev)[:, None], rows, mask,
+                                      batch.block_tables, batch.ctx_lens_t, every_row=True))
             return
         cu = [0]
         for q in batch.q_lens:
@@ -49,7 +57,8 @@ class AttentionPlan:
             t = torch.arange(t_max, device=dev)
             mask = (t[None, :] < batch.ctx_lens_t[idx][:, None])[:, None, None, :]
             tokens = torch.tensor([cu[b] for b in decode], dtype=torch.long, device=dev)[:, None]
-            self.groups.append(_Group(tokens, rows, mask))
+            self.groups.append(_Group(tokens, rows, mask, batch.block_tables[idx], batch.ctx_lens_t[idx],
+                                      every_row=len(decode) == cu[-1]))
         for b, q in enumerate(batch.q_lens):
             if q <= 1:
                 continue
@@ -71,13 +80,23 @@ class AttentionPlan:
 
 
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: torch.Tensor,
-                    pool_scale: torch.Tensor | None, meta: VarlenBatch, plan: AttentionPlan) -> torch.Tensor:
-    """Write ``[K | V]`` of the new tokens at ``meta.slot_mapping``, then attend each group."""
+                    pool_scale: torch.Tensor | None, meta: VarlenBatch, plan: AttentionPlan,
+                    native_decode: bool = False) -> torch.Tensor:
+    """Write ``[K | V]`` of the new tokens at ``meta.slot_mapping``, then attend each group
+    (``native_decode``: decode groups through the in-place kernel where it supports them)."""
     n, num_heads, d = q.shape
     num_kv = k.shape[1]
     write_rows(pool, pool_scale, meta.slot_mapping, torch.cat((k.reshape(n, -1), v.reshape(n, -1)), -1))
+    native_decode = native_decode and paged_attention.supports(q, pool, pool_scale, meta.page_size)
+    if native_decode and len(plan.groups) == 1 and plan.groups[0].every_row:
+        g = plan.groups[0]
+        return paged_attention.decode_attention(q, pool, g.tables, g.lens, num_kv, meta.page_size)
     out = torch.empty_like(q)
     for g in plan.groups:
+        if native_decode and g.tables is not None:
+            tok = g.tokens.reshape(-1)
+            out[tok] = paged_attention.decode_attention(q[tok], pool, g.tables, g.lens, num_kv, meta.page_size)
+            continue
         bsz, qlen = g.tokens.shape
         kv = gather_rows(pool, pool_scale, g.rows, q.dtype).view(bsz, g.rows.shape[1], 2, num_kv, d)
         qg = q[g.tokens].transpose(1, 2)                     # [B, Hq, Q, D]

@@ -1,0 +1,68 @@
+"""Compile a kernel source of this folder into a shared library once per source, flags and
+compiler, cached under ``$FLASHLANE_CACHE/kernels`` (default ``~/.cache/flashlane/kernels``), and
+load it with ctypes."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+FLAGS = ("-O3", "-shared", "-fPIC", "-std=c++17")
+
+
+class NativeUnavailable(RuntimeError):
+    """A native kernel cannot be built or loaded here; the message says why."""
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("FLASHLANE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "flashlane")
+    return Path(root) / "kernels"
+
+
+def compiler() -> str:
+    """``$CXX``, else the first of c++ / g++ / clang++ on PATH (NativeUnavailable if none)."""
+    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        if name and shutil.which(name):
+            return name
+    raise NativeUnavailable("no C++ compiler found (set CXX, or install g++)")
+
+
+@functools.lru_cache(maxsize=None)
+def load(name: str, arch_flags: tuple[str, ...]) -> ctypes.CDLL:
+    """``name``.cpp built with ``arch_flags`` (e.g. ``("-mavx2", "-mfma")``), loaded."""
+    source = HERE / f"{name}.cpp"
+    cxx = compiler()
+    flags = (*FLAGS, *arch_flags)
+    try:
+        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise NativeUnavailable(f"{cxx} --version failed: {exc}") from exc
+    key = hashlib.sha256("\0".join((source.read_text(), *flags, version)).encode()).hexdigest()[:16]
+    lib = cache_dir() / f"{name}-{key}.so"
+    if not lib.exists():
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)   # built aside, renamed in place:
+        os.close(fd)                                                 # concurrent starts never see half a file
+        try:
+            done = subprocess.run([cxx, *flags, str(source), "-o", tmp], capture_output=True, text=True,
+                                  timeout=300)
+            if done.returncode:
+                raise NativeUnavailable(f"{cxx} could not build {source.name}: "
+                                        f"{(done.stderr or done.stdout).strip().splitlines()[:3]}")
+            os.replace(tmp, lib)
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise NativeUnavailable(f"building {source.name} with {cxx} failed: {exc}") from exc
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    try:
+        return ctypes.CDLL(str(lib))
+    except OSError as exc:
+        raise NativeUnavailable(f"cannot load {lib}: {exc}") from exc

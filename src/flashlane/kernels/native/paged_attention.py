@@ -1,0 +1,69 @@
+"""Decode attention over a float32 paged KV pool without gathering it (``paged_attention.cpp``):
+scores from the pool, torch's softmax, values from the pool. For the decode rows of the dense
+(llama) attention; the caller keeps torch's path for anything else (see ``supports``)."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from . import row_gemm
+from .build import load
+
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+_SCORES = [_P, _P, _I, _P, _I, _P, _I, _I, _I, _I, _I, ctypes.c_float, _P, _I]
+_VALUES = [_P, _P, _I, _P, _I, _P, _I, _I, _I, _I, _I, _I, _P]
+
+
+@functools.lru_cache(maxsize=1)
+def _functions():
+    lib = load("paged_attention", row_gemm.ARCH_FLAGS)
+    scores, values = lib.paged_scores_f32, lib.paged_values_f32
+    scores.argtypes, scores.restype = _SCORES, None
+    values.argtypes, values.restype = _VALUES, None
+    return scores, values
+
+
+@functools.lru_cache(maxsize=1)
+def unavailable() -> str | None:
+    """Why the kernel cannot run here (None: it can); the same CPU and compiler needs as row_gemm."""
+    why = row_gemm.unavailable()
+    if why is None:
+        try:
+            _functions()
+        except RuntimeError as exc:
+            return str(exc)
+    return why
+
+
+def supports(q: torch.Tensor, pool: torch.Tensor, pool_scale: torch.Tensor | None, page_size: int) -> bool:
+    """Whether these decode rows can take the native path: float32 everywhere, a plain pool,
+    head dim a multiple of 8, eager (a ctypes call cannot sit inside a compiled graph)."""
+    return (q.dtype == torch.float32 and pool.dtype == torch.float32 and pool_scale is None
+            and q.device.type == "cpu" and q.shape[-1] % 8 == 0 and pool.stride(-1) == 1
+            and not torch.compiler.is_compiling() and unavailable() is None)
+
+
+def decode_attention(q: torch.Tensor, pool: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
+                     num_kv: int, page_size: int, scale: float | None = None) -> torch.Tensor:
+    """q [B, Hq, D] (one new token per sequence, already written to the pool) -> [B, Hq, D]: each
+    sequence attends over its ``lens[b]`` tokens read through ``tables[b]``."""
+    bsz, num_heads, d = q.shape
+    if num_heads % num_kv:
+        raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv} kv heads")
+    q = q.contiguous()
+    tables = tables.to(torch.int64).contiguous()
+    lens = lens.to(torch.int64).contiguous()
+    t = int(lens.max()) if bsz else 0
+    scale = d ** -0.5 if scale is None else scale
+    scores_fn, values_fn = _functions()
+    scores = torch.empty(bsz, num_heads, t, dtype=torch.float32)
+    scores_fn(q.data_ptr(), pool.data_ptr(), pool.stride(0), tables.data_ptr(), tables.stride(0), lens.data_ptr(),
+              bsz, num_heads, num_kv, d, page_size, scale, scores.data_ptr(), t)
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.empty(bsz, num_heads, d, dtype=torch.float32)
+    values_fn(probs.data_ptr(), pool.data_ptr(), pool.stride(0), tables.data_ptr(), tables.stride(0), lens.data_ptr(),
+              bsz, num_heads, num_kv, d, page_size, t, out.data_ptr())
+    return out

@@ -1,0 +1,105 @@
+"""Native decode attention straight from the paged pool (``kernels/native/paged_attention``):
+against the gather + SDPA path it replaces, and the engine with it against the engine without."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine_models import preset, random_prompts, tiny_llama
+from flashlane.engine.llm import LLM
+from flashlane.engine.sampling_params import SamplingParams
+from flashlane.kernels.backends.cpu.backend import CpuBackend
+from flashlane.kernels.native import paged_attention
+
+WHY_NOT = paged_attention.unavailable()
+needs_native = pytest.mark.skipif(WHY_NOT is not None, reason=f"native kernel unavailable: {WHY_NOT}")
+GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+
+
+def _reference(q, pool, tables, lens, num_kv, page):
+    """Gather each history from the pool and attend with SDPA under a length mask."""
+    bsz, num_heads, d = q.shape
+    t = int(lens.max())
+    pos = torch.arange(t)
+    rows = tables.gather(1, (pos // page).expand(bsz, -1)) * page + pos % page
+    kv = pool[rows].view(bsz, t, 2, num_kv, d)
+    mask = (pos[None, :] < lens[:, None])[:, None, None, :]
+    out = F.scaled_dot_product_attention(q[:, :, None], kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2),
+                                         attn_mask=mask, enable_gqa=True)
+    return out[:, :, 0]
+
+
+@needs_native
+@pytest.mark.parametrize("num_heads, num_kv, d", [(9, 3, 64), (4, 4, 16), (8, 2, 128), (6, 1, 8), (2, 2, 72)])
+@pytest.mark.parametrize("page", [1, 16])
+def test_matches_gather_and_sdpa_for_any_lengths_and_head_layout(num_heads, num_kv, d, page):
+    g = torch.Generator().manual_seed(num_heads * 100 + d + page)
+    pool = torch.randn(4096, 2 * num_kv * d, generator=g)
+    lens = torch.tensor([1, 37, 200, 16])
+    pages = int(lens.max() + page - 1) // page
+    tables = torch.stack([torch.randperm(4096 // page, generator=g)[:pages] for _ in lens])
+    q = torch.randn(len(lens), num_heads, d, generator=g)
+    got = paged_attention.decode_attention(q, pool, tables, lens, num_kv, page)
+    torch.testing.assert_close(got, _reference(q, pool, tables, lens, num_kv, page), rtol=1e-5, atol=1e-5)
+    alone = paged_attention.decode_attention(q[2:3], pool, tables[2:3], lens[2:3], num_kv, page)
+    torch.testing.assert_close(alone, got[2:3], rtol=1e-6, atol=1e-6)
+
+
+def test_what_it_declines_goes_to_torch():
+    q, pool = torch.randn(2, 4, 16), torch.randn(64, 128)
+    assert not paged_attention.supports(q.bfloat16(), pool, None, 16)
+    assert not paged_attention.supports(q, pool.bfloat16(), None, 16)
+    assert not paged_attention.supports(q, pool, torch.ones(64, 2), 16)          # int8 pool with scales
+    assert not paged_attention.supports(torch.randn(2, 4, 12), pool, None, 16)   # head dim not a multiple of 8
+    assert paged_attention.supports(q, pool, None, 16) == (WHY_NOT is None)
+    with pytest.raises(ValueError, match="not a multiple of 3 kv heads"):
+        paged_attention.decode_attention(torch.randn(1, 4, 16), torch.randn(64, 96), torch.zeros(1, 4, dtype=torch.long),
+                                         torch.tensor([3]), 3, 16)
+
+
+@needs_native
+def test_the_backend_says_which_decode_attention_it_runs():
+    assert CpuBackend().native_decode_attention
+    assert "decode attention native" in CpuBackend().describe()
+    off = CpuBackend(native_decode_attention=False)
+    assert not off.native_decode_attention and "torch SDPA" in off.describe()
+    with pytest.raises(ValueError, match="native decode attention cannot run here: device meta"):
+        CpuBackend("meta", native_decode_attention=True)
+
+
+def _without_native(monkeypatch, llm):
+    """The engine's backend (one instance per process and device) with the native path off."""
+    monkeypatch.setattr(llm.engine.ops, "native_decode_attention", False)
+
+
+@needs_native
+def test_engine_greedy_ids_equal_the_sdpa_path_batched_and_alone(monkeypatch):
+    m = tiny_llama(seed=2)
+    prompts = random_prompts(5, 3, 90, 250, seed=4)
+    native = LLM(copy.deepcopy(m), dtype="float32", max_num_batched_tokens=64)
+    assert native.engine.ops.native_decode_attention
+    got = [o.token_ids for o in native.generate(prompts, GREEDY)]
+    assert [native.generate([p], GREEDY)[0].token_ids for p in prompts] == got
+    plain = LLM(m, dtype="float32", max_num_batched_tokens=64)
+    _without_native(monkeypatch, plain)
+    assert [o.token_ids for o in plain.generate(prompts, GREEDY)] == got
+
+
+@needs_native
+def test_smollm2_logprobs_stay_within_1e4_of_the_sdpa_path(monkeypatch):
+    m = preset("smollm2-135m")
+    prompts = random_prompts(2, 30, 60, 4000, seed=8)
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=5)
+    got = LLM(copy.deepcopy(m), dtype="float32").generate(prompts, params)
+    plain = LLM(m, dtype="float32")
+    _without_native(monkeypatch, plain)
+    want = plain.generate(prompts, params)
+    for a, b in zip(want, got):
+        assert a.token_ids == b.token_ids
+        for la, lb in zip(a.logprobs, b.logprobs):
+            for tok, lp in la.items():
+                assert abs(lb[tok] - lp) < 1e-4

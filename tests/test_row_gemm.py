@@ -1,0 +1,85 @@
+"""flashlane's native few-row linear (``kernels/native/row_gemm.cpp``): against a float64
+reference, batch-invariant, torch's linear beyond its rows, and its build's failure reasons."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from flashlane.kernels.native import build, row_gemm
+
+WHY_NOT = row_gemm.unavailable()
+needs_native = pytest.mark.skipif(WHY_NOT is not None, reason=f"native kernel unavailable: {WHY_NOT}")
+
+
+def _reference(x, w, b):
+    return F.linear(x.double(), w.double(), None if b is None else b.double()).float()
+
+
+@needs_native
+@pytest.mark.parametrize("n, k", [(576, 576), (49, 77), (7, 13), (1000, 8), (3, 1)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_matches_a_float64_reference_for_every_row_count_it_takes(n, k, bias):
+    g = torch.Generator().manual_seed(n * 31 + k)
+    w = torch.randn(n, k, generator=g)
+    b = torch.randn(n, generator=g) if bias else None
+    for rows in range(1, row_gemm.MAX_ROWS + 1):
+        x = torch.randn(rows, k, generator=g)
+        want = _reference(x, w, b)
+        err = (row_gemm.linear(x, w, b) - want).abs().max().item()
+        torch_err = (F.linear(x, w, b) - want).abs().max().item()     # fp32 rounding of a K-long sum
+        assert err <= 4 * torch_err + 1e-6, (rows, err, torch_err)
+
+
+@needs_native
+def test_a_row_gets_the_same_bits_alone_and_in_any_batch():
+    g = torch.Generator().manual_seed(1)
+    w, b = torch.randn(203, 333, generator=g), torch.randn(203, generator=g)
+    x = torch.randn(row_gemm.MAX_ROWS, 333, generator=g)
+    alone = [row_gemm.linear(x[i:i + 1], w, b) for i in range(len(x))]
+    for rows in range(1, row_gemm.MAX_ROWS + 1):
+        batch = row_gemm.linear(x[:rows], w, b)
+        for i in range(rows):
+            assert torch.equal(batch[i:i + 1], alone[i]), (rows, i)
+
+
+@needs_native
+def test_shapes_strides_and_what_it_hands_to_torch():
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(40, 24, generator=g)
+    x3 = torch.randn(2, 3, 24, generator=g)                        # leading dims kept
+    torch.testing.assert_close(row_gemm.linear(x3, w, None), _reference(x3, w, None), rtol=1e-5, atol=1e-5)
+    wide = torch.randn(4, 48, generator=g)[:, ::2]                 # rows not contiguous: copied first
+    torch.testing.assert_close(row_gemm.linear(wide, w, None), _reference(wide, w, None), rtol=1e-5, atol=1e-5)
+    many = torch.randn(row_gemm.MAX_ROWS + 1, 24, generator=g)     # more rows, other dtypes: torch's own
+    assert torch.equal(row_gemm.linear(many, w, None), F.linear(many, w))
+    xb, wb = many[:2].bfloat16(), w.bfloat16()
+    assert torch.equal(row_gemm.linear(xb, wb, None), F.linear(xb, wb))
+    assert row_gemm.linear(torch.randn(0, 24), w, None).shape == (0, 40)
+
+
+def test_no_compiler_and_a_failed_build_are_reasons_not_crashes(monkeypatch, tmp_path):
+    monkeypatch.setattr(build.shutil, "which", lambda name: None)
+    with pytest.raises(build.NativeUnavailable, match="no C\\+\\+ compiler"):
+        build.compiler()
+    monkeypatch.undo()
+    try:
+        build.compiler()
+    except build.NativeUnavailable:
+        pytest.skip("no C++ compiler on this machine")
+    (tmp_path / "broken_kernel.cpp").write_text("this is not C++\n")
+    monkeypatch.setattr(build, "HERE", tmp_path)
+    monkeypatch.setenv("FLASHLANE_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(build.NativeUnavailable, match="could not build broken_kernel.cpp"):
+        build.load("broken_kernel", ())
+    assert not list((tmp_path / "cache" / "kernels").glob("*.so"))       # nothing half-built left
+
+
+def test_a_cpu_without_avx2_is_refused_by_name(monkeypatch):
+    from flashlane.kernels import cpu_caps
+
+    monkeypatch.setattr(row_gemm, "detect_cpu_caps", lambda: cpu_caps.CpuCaps("DEFAULT", frozenset({"sse4_2"})))
+    assert row_gemm.unavailable() == "the CPU lacks avx2 and fma"
+    monkeypatch.setattr(row_gemm, "detect_cpu_caps", lambda: cpu_caps.CpuCaps("DEFAULT"))
+    assert "capability DEFAULT" in row_gemm.unavailable()
