@@ -1,5 +1,6 @@
-"""Native decode attention straight from the paged pool (``kernels/native/paged_attention``):
-against the gather + SDPA path it replaces, and the engine with it against the engine without."""
+"""Native decode attention straight from the paged pool (``kernels/native/paged_attention``)
+against the gather + SDPA path it replaces; the cpu backend's native switch; and the engine with
+the native kernels (attention, RMSNorm, RoPE) against the engine without them."""
 
 from __future__ import annotations
 
@@ -63,17 +64,17 @@ def test_what_it_declines_goes_to_torch():
 
 @needs_native
 def test_the_backend_says_which_decode_attention_it_runs():
-    assert CpuBackend().native_decode_attention
-    assert "decode attention native" in CpuBackend().describe()
-    off = CpuBackend(native_decode_attention=False)
-    assert not off.native_decode_attention and "torch SDPA" in off.describe()
-    with pytest.raises(ValueError, match="native decode attention cannot run here: device meta"):
-        CpuBackend("meta", native_decode_attention=True)
+    assert CpuBackend().native
+    assert "native decode attention" in CpuBackend().describe()
+    off = CpuBackend(native=False)
+    assert not off.native and "torch SDPA" in off.describe()
+    with pytest.raises(ValueError, match="native kernels cannot run here: device meta"):
+        CpuBackend("meta", native=True)
 
 
 def _without_native(monkeypatch, llm):
     """The engine's backend (one instance per process and device) with the native path off."""
-    monkeypatch.setattr(llm.engine.ops, "native_decode_attention", False)
+    monkeypatch.setattr(llm.engine.ops, "native", False)
 
 
 @needs_native
@@ -81,7 +82,7 @@ def test_engine_greedy_ids_equal_the_sdpa_path_batched_and_alone(monkeypatch):
     m = tiny_llama(seed=2)
     prompts = random_prompts(5, 3, 90, 250, seed=4)
     native = LLM(copy.deepcopy(m), dtype="float32", max_num_batched_tokens=64)
-    assert native.engine.ops.native_decode_attention
+    assert native.engine.ops.native
     got = [o.token_ids for o in native.generate(prompts, GREEDY)]
     assert [native.generate([p], GREEDY)[0].token_ids for p in prompts] == got
     plain = LLM(m, dtype="float32", max_num_batched_tokens=64)

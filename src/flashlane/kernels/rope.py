@@ -53,3 +53,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     s = sin.to(x.dtype).reshape(shape)
     even, odd = x[..., 0::2], x[..., 1::2]
     return torch.cat([even * c - odd * s, odd * c + even * s], dim=-1)
+
+
+def apply_rope_rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE (llama): x [N, heads, D] by cos/sin [N, D] in x's dtype:
+    ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = cat(-x2, x1)``."""
+    a, b = x.chunk(2, dim=-1)
+    return x * cos[:, None] + torch.cat((-b, a), dim=-1) * sin[:, None]

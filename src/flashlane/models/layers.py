@@ -56,10 +56,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+    def forward(self, x: torch.Tensor, ops: KernelBackend | None = None) -> torch.Tensor:
+        return _ops(ops, x).rms_norm(x, self.weight, self.eps)
 
 
 class MLP(nn.Module):

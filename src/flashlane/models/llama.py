@@ -39,16 +39,6 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     return torch.where(medium, ramp, scaled)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat((-b, a), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [N, heads, D]; cos/sin [N, D] already in x's dtype."""
-    return x * cos[:, None] + _rotate_half(x) * sin[:, None]
-
-
 class LlamaAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int):
         super().__init__()
@@ -65,14 +55,15 @@ class LlamaAttention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 batch: ForwardBatch, plan: Any) -> torch.Tensor:
         n, d = x.shape[0], self.head_dim
-        q = apply_rope(self.q_proj(x).view(n, self.num_heads, d), cos, sin)
-        k = apply_rope(self.k_proj(x).view(n, self.num_kv, d), cos, sin)
+        ops = batch.ops
+        q = ops.rope_rotate_half(self.q_proj(x).view(n, self.num_heads, d), cos, sin)
+        k = ops.rope_rotate_half(self.k_proj(x).view(n, self.num_kv, d), cos, sin)
         v = self.v_proj(x).view(n, self.num_kv, d)
         cache = batch.cache
         row = cache.spec.latent_row(self.layer_id)
         pool = cache.layer("latent", row)
         scale = cache.layer("latent_scale", row)
-        out = batch.ops.dense_attention(q, k, v, pool, scale, batch, plan)
+        out = ops.dense_attention(q, k, v, pool, scale, batch, plan)
         return self.o_proj(out.reshape(n, -1))
 
 
@@ -86,11 +77,11 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, h, batch, cos, sin, plan):
         with profiling_range("norm"):
-            x = self.input_layernorm(h)
+            x = self.input_layernorm(h, batch.ops)
         with profiling_range("attention"):
             h = h + self.self_attn(x, cos, sin, batch, plan)
         with profiling_range("norm"):
-            x = self.post_attention_layernorm(h)
+            x = self.post_attention_layernorm(h, batch.ops)
         return h + self.mlp(x, batch.ops)   # the MLP opens its own range
 
 
@@ -113,7 +104,7 @@ class LlamaModel(nn.Module):
         for layer in self.layers:
             h = layer_call(layer, h, batch, cos, sin, plan)
         with profiling_range("norm"):
-            return self.norm(h)
+            return self.norm(h, batch.ops)
 
 
 class LlamaForCausalLM(nn.Module):

@@ -130,6 +130,17 @@ class KernelBackend(ABC):
         a query with nothing selected gets zeros. The backend picks the absorbed (latent-space)
         or the expanded (head-space) form per step."""
 
+    # ---- per-token glue: norms, rotate-half RoPE ----------------------------------------------
+
+    @abstractmethod
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """``weight * (x * rsqrt(mean(x^2, -1) + eps))``, normalised in fp32 and cast back to x's
+        dtype before the weight (the reference's order)."""
+
+    @abstractmethod
+    def rope_rotate_half(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotate-half RoPE (llama) of x [N, heads, D] by cos/sin [N, D] in x's dtype."""
+
     # ---- FFN: SwiGLU, router, experts, int8 linears -----------------------------------------
 
     @abstractmethod

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from ... import indexer, kda, kv_store, linear_plan, mhc, moe, quant_matmul, rope, short_conv, sparse_mla
+from ... import indexer, kda, kv_store, linear_plan, mhc, moe, norm, quant_matmul, rope, short_conv, sparse_mla
 from ...compiled import compiled as compiled_fn
-from ...native import paged_attention
+from ...native import norm_rope, paged_attention
 from ...sparse_mla_expanded import prefer_expanded, sparse_mla_expanded
 from ..base import KernelBackend, VarlenBatch
 from .dense_attention import AttentionPlan, dense_attention
@@ -51,23 +51,24 @@ class CpuBackend(KernelBackend):
 
     name = "cpu"
 
-    def __init__(self, device: torch.device | str = "cpu", native_decode_attention: bool | None = None):
+    def __init__(self, device: torch.device | str = "cpu", native: bool | None = None):
         super().__init__(device)
         self._rope_tables: dict[tuple[int, float], rope.RopeCache] = {}
-        # decode rows of float32 dense attention read the paged pool in place (native kernel)
-        # where it builds on this CPU; None: decided here, once
-        self._native_why_not = (paged_attention.unavailable() if self.device.type == "cpu"
-                                else f"device {self.device}")
-        if native_decode_attention is None:
-            native_decode_attention = self._native_why_not is None
-        elif native_decode_attention and self._native_why_not:
-            raise ValueError(f"native decode attention cannot run here: {self._native_why_not}")
-        self.native_decode_attention = native_decode_attention
+        # flashlane's native kernels (kernels/native) for float32 eager work where they build on
+        # this CPU: dense decode attention read from the paged pool in place, RMSNorm and
+        # rotate-half RoPE. None: decided here, once.
+        self._native_why_not = (paged_attention.unavailable() or norm_rope.unavailable()
+                                if self.device.type == "cpu" else f"device {self.device}")
+        if native is None:
+            native = self._native_why_not is None
+        elif native and self._native_why_not:
+            raise ValueError(f"native kernels cannot run here: {self._native_why_not}")
+        self.native = native
 
     def describe(self) -> str:
-        attn = ("dense decode attention native (paged, in place)" if self.native_decode_attention
-                else f"dense decode attention torch SDPA ({self._native_why_not or 'native off'})")
-        return f"{self.name}: plain-torch kernels (flashlane.kernels) on {self.device}; {attn}"
+        kernels = ("native decode attention (paged, in place), RMSNorm and RoPE" if self.native
+                   else f"torch SDPA decode attention ({self._native_why_not or 'native kernels off'})")
+        return f"{self.name}: plain-torch kernels (flashlane.kernels) on {self.device}; {kernels}"
 
     # ---- dense attention ---------------------------------------------------------------------
 
@@ -75,7 +76,7 @@ class CpuBackend(KernelBackend):
         return AttentionPlan(meta)
 
     def dense_attention(self, q, k, v, pool, pool_scale, meta, plan):
-        return dense_attention(q, k, v, pool, pool_scale, meta, plan, self.native_decode_attention)
+        return dense_attention(q, k, v, pool, pool_scale, meta, plan, self.native)
 
     # ---- KDA -------------------------------------------------------------------------------------
 
@@ -180,6 +181,14 @@ class CpuBackend(KernelBackend):
                 if ql > 1 and prefer_expanded([(ql, ctx)], **dims)]
 
     # ---- FFN -------------------------------------------------------------------------------------
+
+    def rms_norm(self, x, weight, eps):
+        out = norm_rope.rms_norm(x, weight, eps) if self.native else None
+        return norm.rms_norm(x, weight, eps) if out is None else out
+
+    def rope_rotate_half(self, x, cos, sin):
+        out = norm_rope.rope_rotate_half(x, cos, sin) if self.native else None
+        return rope.apply_rope_rotate_half(x, cos, sin) if out is None else out
 
     def swiglu(self, gate, up, limit=None):
         return moe.swiglu(gate, up, limit)

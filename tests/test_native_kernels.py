@@ -1,5 +1,7 @@
-"""flashlane's native few-row linear (``kernels/native/row_gemm.cpp``): against a float64
-reference, batch-invariant, torch's linear beyond its rows, and its build's failure reasons."""
+"""flashlane's native CPU kernels: the few-row linear (``row_gemm.cpp``) against a float64
+reference, batch-invariant, torch's linear beyond its rows; RMSNorm and RoPE (``norm_rope.cpp``)
+against their torch formulas; and the build's failure reasons. (Decode attention:
+test_paged_attention.py.)"""
 
 from __future__ import annotations
 
@@ -7,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flashlane.kernels.native import build, row_gemm
+from flashlane.kernels import norm, rope
+from flashlane.kernels.native import build, norm_rope, row_gemm
 
 WHY_NOT = row_gemm.unavailable()
 needs_native = pytest.mark.skipif(WHY_NOT is not None, reason=f"native kernel unavailable: {WHY_NOT}")
@@ -83,3 +86,47 @@ def test_a_cpu_without_avx2_is_refused_by_name(monkeypatch):
     assert row_gemm.unavailable() == "the CPU lacks avx2 and fma"
     monkeypatch.setattr(row_gemm, "detect_cpu_caps", lambda: cpu_caps.CpuCaps("DEFAULT"))
     assert "capability DEFAULT" in row_gemm.unavailable()
+
+
+# ---- RMSNorm and rotate-half RoPE (norm_rope.cpp) ----------------------------------------------
+
+NORM_WHY_NOT = norm_rope.unavailable()
+needs_norm_rope = pytest.mark.skipif(NORM_WHY_NOT is not None, reason=f"native kernel unavailable: {NORM_WHY_NOT}")
+
+
+@needs_norm_rope
+@pytest.mark.parametrize("dim", [576, 64, 13, 1])
+def test_rms_norm_matches_the_torch_formula_and_each_row_stands_alone(dim):
+    g = torch.Generator().manual_seed(dim)
+    x, w = torch.randn(7, dim, generator=g) * 3, torch.randn(dim, generator=g)
+    got = norm_rope.rms_norm(x, w, 1e-5)
+    torch.testing.assert_close(got, norm.rms_norm(x, w, 1e-5), rtol=2e-6, atol=2e-6)
+    for i in range(7):
+        assert torch.equal(norm_rope.rms_norm(x[i:i + 1], w, 1e-5), got[i:i + 1])
+    strided = torch.randn(7, 2 * dim, generator=g)[:, :dim]                # rows with a stride
+    torch.testing.assert_close(norm_rope.rms_norm(strided, w, 1e-5), norm.rms_norm(strided, w, 1e-5),
+                               rtol=2e-6, atol=2e-6)
+    x3 = x.view(7, 1, dim)
+    assert norm_rope.rms_norm(x3, w, 1e-5).shape == x3.shape
+
+
+@needs_norm_rope
+@pytest.mark.parametrize("heads, d", [(9, 64), (2, 16), (3, 6)])
+def test_rope_matches_the_torch_formula_on_strided_heads(heads, d):
+    g = torch.Generator().manual_seed(heads * d)
+    qkv = torch.randn(5, heads + 4, d, generator=g)
+    x = qkv[:, 2:2 + heads]                                                   # a view into a fused output
+    cos, sin = torch.randn(5, d, generator=g), torch.randn(5, d, generator=g)
+    torch.testing.assert_close(norm_rope.rope_rotate_half(x, cos, sin), rope.apply_rope_rotate_half(x, cos, sin),
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_norm_and_rope_decline_what_is_not_their_case():
+    x, w = torch.randn(2, 8), torch.randn(8)
+    assert norm_rope.rms_norm(x.bfloat16(), w.bfloat16(), 1e-5) is None
+    assert norm_rope.rms_norm(x, torch.randn(4), 1e-5) is None
+    assert norm_rope.rms_norm(x.t(), torch.randn(2), 1e-5) is None              # inner stride not 1
+    q = torch.randn(2, 3, 8)
+    assert norm_rope.rope_rotate_half(q, torch.randn(2, 6), torch.randn(2, 6)) is None
+    assert norm_rope.rope_rotate_half(q.double(), torch.randn(2, 8), torch.randn(2, 8)) is None
+    assert norm_rope.rope_rotate_half(torch.randn(2, 3, 7), torch.randn(2, 7), torch.randn(2, 7)) is None
