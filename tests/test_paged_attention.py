@@ -52,14 +52,14 @@ def test_matches_gather_and_sdpa_for_any_lengths_and_head_layout(num_heads, num_
 
 def test_what_it_declines_goes_to_torch():
     q, pool = torch.randn(2, 4, 16), torch.randn(64, 128)
-    assert not paged_attention.supports(q.bfloat16(), pool, None, 16)
-    assert not paged_attention.supports(q, pool.bfloat16(), None, 16)
-    assert not paged_attention.supports(q, pool, torch.ones(64, 2), 16)          # int8 pool with scales
-    assert not paged_attention.supports(torch.randn(2, 4, 12), pool, None, 16)   # head dim not a multiple of 8
-    assert paged_attention.supports(q, pool, None, 16) == (WHY_NOT is None)
+    assert not paged_attention.supports(q.bfloat16(), pool, None)
+    assert not paged_attention.supports(q, pool.bfloat16(), None)
+    assert not paged_attention.supports(q, pool, torch.ones(64, 2))          # int8 pool with scales
+    assert not paged_attention.supports(torch.randn(2, 4, 12), pool, None)   # head dim not a multiple of 8
+    assert paged_attention.supports(q, pool, None) == (WHY_NOT is None)
     with pytest.raises(ValueError, match="not a multiple of 3 kv heads"):
-        paged_attention.decode_attention(torch.randn(1, 4, 16), torch.randn(64, 96), torch.zeros(1, 4, dtype=torch.long),
-                                         torch.tensor([3]), 3, 16)
+        paged_attention.decode_attention(torch.randn(1, 4, 16), torch.randn(64, 96),
+                                         torch.zeros(1, 4, dtype=torch.long), torch.tensor([3]), 3, 16)
 
 
 @needs_native

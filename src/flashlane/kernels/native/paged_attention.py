@@ -38,7 +38,7 @@ def unavailable() -> str | None:
     return why
 
 
-def supports(q: torch.Tensor, pool: torch.Tensor, pool_scale: torch.Tensor | None, page_size: int) -> bool:
+def supports(q: torch.Tensor, pool: torch.Tensor, pool_scale: torch.Tensor | None) -> bool:
     """Whether these decode rows can take the native path: float32 everywhere, a plain pool,
     head dim a multiple of 8, eager (a ctypes call cannot sit inside a compiled graph)."""
     return (q.dtype == torch.float32 and pool.dtype == torch.float32 and pool_scale is None
@@ -47,16 +47,20 @@ def supports(q: torch.Tensor, pool: torch.Tensor, pool_scale: torch.Tensor | Non
 
 
 def decode_attention(q: torch.Tensor, pool: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
-                     num_kv: int, page_size: int, scale: float | None = None) -> torch.Tensor:
+                     num_kv: int, page_size: int, scale: float | None = None,
+                     longest: int | None = None) -> torch.Tensor:
     """q [B, Hq, D] (one new token per sequence, already written to the pool) -> [B, Hq, D]: each
-    sequence attends over its ``lens[b]`` tokens read through ``tables[b]``."""
+    sequence attends over its ``lens[b]`` tokens read through ``tables[b]`` (int64; ``longest``:
+    ``max(lens)`` when the caller knows it, as an attention plan shared by all layers does)."""
     bsz, num_heads, d = q.shape
     if num_heads % num_kv:
         raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv} kv heads")
     q = q.contiguous()
-    tables = tables.to(torch.int64).contiguous()
-    lens = lens.to(torch.int64).contiguous()
-    t = int(lens.max()) if bsz else 0
+    if tables.dtype != torch.int64 or not tables.is_contiguous():
+        tables = tables.to(torch.int64).contiguous()
+    if lens.dtype != torch.int64 or not lens.is_contiguous():
+        lens = lens.to(torch.int64).contiguous()
+    t = longest if longest is not None else (int(lens.max()) if bsz else 0)
     scale = d ** -0.5 if scale is None else scale
     scores_fn, values_fn = _functions()
     scores = torch.empty(bsz, num_heads, t, dtype=torch.float32)

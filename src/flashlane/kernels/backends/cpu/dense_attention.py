@@ -21,9 +21,11 @@ class _Group:
     tokens: torch.Tensor          # [B, Q] flat token index
     rows: torch.Tensor            # [B, T] flat pool row of each history position
     mask: torch.Tensor | None     # [B, 1, Q, T] bool, None = plain causal from position 0
-    # decode groups (Q = 1): each sequence's block table and length, for the in-place native path
+    # decode groups (Q = 1): each sequence's block table and length (int64, contiguous) and the
+    # longest, for the in-place native path
     tables: torch.Tensor | None = None
     lens: torch.Tensor | None = None
+    longest: int = 0
     every_row: bool = False       # the group's tokens are all the forward's tokens, in order
 
 
@@ -44,7 +46,7 @@ class AttentionPlan:
             t = torch.arange(rows.shape[1], device=dev)
             mask = (t[None, :] < batch.ctx_lens_t[:, None])[:, None, None, :]
             self.groups.append(_Group(torch.arange(rows.shape[0], device=dev)[:, None], rows, mask,
-                                      batch.block_tables, batch.ctx_lens_t, every_row=True))
+                                      batch.block_tables, batch.ctx_lens_t, rows.shape[1], every_row=True))
             return
         cu = [0]
         for q in batch.q_lens:
@@ -57,8 +59,8 @@ class AttentionPlan:
             t = torch.arange(t_max, device=dev)
             mask = (t[None, :] < batch.ctx_lens_t[idx][:, None])[:, None, None, :]
             tokens = torch.tensor([cu[b] for b in decode], dtype=torch.long, device=dev)[:, None]
-            self.groups.append(_Group(tokens, rows, mask, batch.block_tables[idx], batch.ctx_lens_t[idx],
-                                      every_row=len(decode) == cu[-1]))
+            self.groups.append(_Group(tokens, rows, mask, batch.block_tables[idx].contiguous(),
+                                      batch.ctx_lens_t[idx].contiguous(), t_max, every_row=len(decode) == cu[-1]))
         for b, q in enumerate(batch.q_lens):
             if q <= 1:
                 continue
@@ -87,15 +89,16 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: tor
     n, num_heads, d = q.shape
     num_kv = k.shape[1]
     write_rows(pool, pool_scale, meta.slot_mapping, torch.cat((k.reshape(n, -1), v.reshape(n, -1)), -1))
-    native_decode = native_decode and paged_attention.supports(q, pool, pool_scale, meta.page_size)
+    native_decode = native_decode and paged_attention.supports(q, pool, pool_scale)
     if native_decode and len(plan.groups) == 1 and plan.groups[0].every_row:
         g = plan.groups[0]
-        return paged_attention.decode_attention(q, pool, g.tables, g.lens, num_kv, meta.page_size)
+        return paged_attention.decode_attention(q, pool, g.tables, g.lens, num_kv, meta.page_size, longest=g.longest)
     out = torch.empty_like(q)
     for g in plan.groups:
         if native_decode and g.tables is not None:
             tok = g.tokens.reshape(-1)
-            out[tok] = paged_attention.decode_attention(q[tok], pool, g.tables, g.lens, num_kv, meta.page_size)
+            out[tok] = paged_attention.decode_attention(q[tok], pool, g.tables, g.lens, num_kv, meta.page_size,
+                                                        longest=g.longest)
             continue
         bsz, qlen = g.tokens.shape
         kv = gather_rows(pool, pool_scale, g.rows, q.dtype).view(bsz, g.rows.shape[1], 2, num_kv, d)
