@@ -20,6 +20,19 @@ static inline const float* row_of(const float* pool, int64_t row_stride, const i
     return pool + (table[t / page] * page + t % page) * row_stride;
 }
 
+// q . k * scale for one query head and TB history rows (TB independent FMA chains keep the
+// FMA units busy; each score is one chain over d in order, whatever TB)
+template <int TB>
+static inline void dots(const float* qg, const float* const* k, int64_t D, float scale, float* out) {
+    __m256 acc[TB];
+    for (int j = 0; j < TB; j++) acc[j] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(qg + d);
+        for (int j = 0; j < TB; j++) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[j] + d), acc[j]);
+    }
+    for (int j = 0; j < TB; j++) out[j] = hsum(acc[j]) * scale;
+}
+
 // q [B, Hq, D]; scores [B, Hq, T] (T >= every length); D a multiple of 8
 extern "C" void paged_scores_f32(const float* q, const float* pool, int64_t row_stride, const int64_t* tables,
                                  int64_t table_stride, const int64_t* lens, int64_t B, int64_t Hq, int64_t Hkv,
@@ -31,19 +44,49 @@ extern "C" void paged_scores_f32(const float* q, const float* pool, int64_t row_
         for (int64_t h = 0; h < Hkv; h++) {
             const float* qh = q + (b * Hq + h * G) * D;
             float* sh = scores + (b * Hq + h * G) * T;
-            for (int64_t t = 0; t < len; t++) {
-                const float* k = row_of(pool, row_stride, table, page, t) + h * D;
-                for (int64_t g = 0; g < G; g++) {
-                    __m256 acc = _mm256_setzero_ps();
-                    for (int64_t d = 0; d < D; d += 8)
-                        acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + g * D + d), _mm256_loadu_ps(k + d), acc);
-                    sh[g * T + t] = hsum(acc) * scale;
-                }
+            int64_t t = 0;
+            for (; t + 4 <= len; t += 4) {
+                const float* k[4];
+                for (int j = 0; j < 4; j++) k[j] = row_of(pool, row_stride, table, page, t + j) + h * D;
+                for (int64_t g = 0; g < G; g++) dots<4>(qh + g * D, k, D, scale, sh + g * T + t);
+            }
+            for (; t < len; t++) {
+                const float* k[1] = {row_of(pool, row_stride, table, page, t) + h * D};
+                for (int64_t g = 0; g < G; g++) dots<1>(qh + g * D, k, D, scale, sh + g * T + t);
             }
             for (int64_t g = 0; g < G; g++)
-                for (int64_t t = len; t < T; t++) sh[g * T + t] = -INFINITY;
+                for (int64_t t2 = len; t2 < T; t2++) sh[g * T + t2] = -INFINITY;
         }
     }
+}
+
+// out[g, d0 : d0 + 8 * NV] = sum_t probs[g, t] * V[t, d0 : ...] for GB query heads at once: each
+// V row is read once per GB heads; every output lane sums over t in order, whatever GB and NV
+template <int GB, int NV>
+static inline void weighted_rows(const float* p, int64_t T, const float* pool, int64_t row_stride, const int64_t* table,
+                                 int64_t page, int64_t len, int64_t v_off, float* o, int64_t D) {
+    __m256 acc[GB][NV];
+    for (int g = 0; g < GB; g++)
+        for (int i = 0; i < NV; i++) acc[g][i] = _mm256_setzero_ps();
+    for (int64_t t = 0; t < len; t++) {
+        const float* v = row_of(pool, row_stride, table, page, t) + v_off;
+        __m256 vv[NV];
+        for (int i = 0; i < NV; i++) vv[i] = _mm256_loadu_ps(v + i * 8);
+        for (int g = 0; g < GB; g++) {
+            const __m256 pt = _mm256_broadcast_ss(p + g * T + t);
+            for (int i = 0; i < NV; i++) acc[g][i] = _mm256_fmadd_ps(pt, vv[i], acc[g][i]);
+        }
+    }
+    for (int g = 0; g < GB; g++)
+        for (int i = 0; i < NV; i++) _mm256_storeu_ps(o + g * D + i * 8, acc[g][i]);
+}
+
+template <int GB>
+static inline void heads(const float* p, int64_t T, const float* pool, int64_t row_stride, const int64_t* table,
+                         int64_t page, int64_t len, int64_t v_off, float* o, int64_t D) {
+    int64_t d0 = 0;
+    for (; d0 + 32 <= D; d0 += 32) weighted_rows<GB, 4>(p, T, pool, row_stride, table, page, len, v_off + d0, o + d0, D);
+    for (; d0 < D; d0 += 8) weighted_rows<GB, 1>(p, T, pool, row_stride, table, page, len, v_off + d0, o + d0, D);
 }
 
 // probs [B, Hq, T]; out [B, Hq, D]
@@ -51,27 +94,20 @@ extern "C" void paged_values_f32(const float* probs, const float* pool, int64_t 
                                  int64_t table_stride, const int64_t* lens, int64_t B, int64_t Hq, int64_t Hkv,
                                  int64_t D, int64_t page, int64_t T, float* out) {
     const int64_t G = Hq / Hkv;
-    const int64_t v_offset = Hkv * D;
     for (int64_t b = 0; b < B; b++) {
         const int64_t* table = tables + b * table_stride;
         const int64_t len = lens[b];
-        for (int64_t h = 0; h < Hkv; h++)
-            for (int64_t g = 0; g < G; g++) {
-                const float* p = probs + (b * Hq + h * G + g) * T;
-                float* o = out + (b * Hq + h * G + g) * D;
-                for (int64_t d0 = 0; d0 < D; d0 += 64) {      // 8 accumulators of 8 lanes at a time
-                    const int64_t width = D - d0 < 64 ? D - d0 : 64;
-                    __m256 acc[8];
-                    for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
-                    for (int64_t t = 0; t < len; t++) {
-                        const float* v = row_of(pool, row_stride, table, page, t) + v_offset + h * D + d0;
-                        const __m256 pt = _mm256_broadcast_ss(p + t);
-                        for (int i = 0; i < 8; i++)
-                            if (i * 8 < width) acc[i] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(v + i * 8), acc[i]);
-                    }
-                    for (int i = 0; i < 8; i++)
-                        if (i * 8 < width) _mm256_storeu_ps(o + d0 + i * 8, acc[i]);
-                }
+        for (int64_t h = 0; h < Hkv; h++) {
+            const int64_t v_off = Hkv * D + h * D;
+            int64_t g = 0;
+            for (; g + 3 <= G; g += 3) {
+                const int64_t head = b * Hq + h * G + g;
+                heads<3>(probs + head * T, T, pool, row_stride, table, page, len, v_off, out + head * D, D);
             }
+            for (; g < G; g++) {
+                const int64_t head = b * Hq + h * G + g;
+                heads<1>(probs + head * T, T, pool, row_stride, table, page, len, v_off, out + head * D, D);
+            }
+        }
     }
 }
