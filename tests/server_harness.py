@@ -22,8 +22,10 @@ from flashlane.server.shutdown import ShutdownDeadlineServer
 # small pools: every test server allocates its own cache
 ENGINE_ARGS = dict(dtype="float32", cache_memory=48 << 20, max_model_len=512)
 # an engine process gets one torch thread, as this process has (conftest.py); a death is final
-# unless a test builds its own engine with restarts
-PROCESS_ARGS = dict(num_threads=1, max_restarts=0)
+# unless a test builds its own engine with restarts. It loads the model by name, where
+# linear_kernel "auto" may choose another format than the model object a thread engine is given
+# (auto leaves an object as loaded): aten keeps the two transports' numbers equal.
+PROCESS_ARGS = dict(num_threads=1, max_restarts=0, linear_kernel="aten")
 
 
 def engine_model(loaded) -> str:

@@ -15,7 +15,7 @@ from flashlane.engine.sampling_params import SamplingParams
 from flashlane.kernels.backends import select_backend
 from flashlane.kernels.linear_plan import (CHOICES, DECODE_SHAPE, LinearPlan, choose_linear_plan, linear,
                                            pack_weight, unavailable)
-from flashlane.models.packed_linear import PackedLinear, pack_linears
+from flashlane.models.packed_linear import KernelLinear, PackedLinear, pack_linears
 
 ONEDNN = unavailable("onednn", torch.float32) is None
 needs_onednn = pytest.mark.skipif(not ONEDNN, reason="this torch build has no oneDNN")
@@ -141,10 +141,15 @@ def test_native_keeps_the_loaded_weights_and_a_tied_head_shares_the_embedding():
     m.lm_head.weight = m.model.embed_tokens.weight
     x = torch.randn(2, m.config.hidden_size)
     want = m.lm_head(x)
+    names = set(m.state_dict())
     report = pack_linears(m, LinearPlan("native", "test"), select_backend("cpu"))
     assert report.linears > 0 and report.extra_bytes == 0 and "tied weights" not in report.describe()
-    assert m.lm_head.packed.data_ptr() == m.model.embed_tokens.weight.data_ptr()
+    assert type(m.lm_head) is KernelLinear and m.lm_head.weight is m.model.embed_tokens.weight
+    assert set(m.state_dict()) == names                        # the weights stay parameters
     torch.testing.assert_close(m.lm_head(x), want, rtol=1e-5, atol=1e-5)
+    twin = copy.deepcopy(m)
+    assert twin.lm_head.weight is twin.model.embed_tokens.weight and twin.lm_head.ops is m.lm_head.ops
+    torch.testing.assert_close(twin.lm_head(x), want, rtol=1e-5, atol=1e-5)
 
 
 @needs_onednn

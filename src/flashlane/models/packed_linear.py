@@ -1,7 +1,7 @@
 """Float linears with their weights held in the format the kernel plan chose (engine arg
 ``linear_kernel``; ``kernels.linear_plan``): every plain ``nn.Linear`` of a loaded model becomes a
-``PackedLinear`` whose weight is held in that format (reordered once, or as loaded) and multiplied
-through the kernel backend.
+``PackedLinear`` (a reordered copy, ``onednn``) or a ``KernelLinear`` (the loaded weight kept as its
+parameter, ``native``), multiplied through the kernel backend.
 
 Left as they are: ``Fp32Linear`` layers (the reference keeps them in fp32 on purpose; they are
 small) and anything already quantised. A tied LM head gets its own packed copy (the embedding
@@ -57,6 +57,31 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.fmt}"
 
 
+class KernelLinear(nn.Linear):
+    """An ``nn.Linear`` multiplied through the kernel backend in a format that keeps the loaded
+    weight (``native``): weight and bias stay the same parameters, so state_dict, ``.to()``, weight
+    fingerprints and a tied embedding see them as before."""
+
+    def __init__(self, linear: nn.Linear, fmt: str, ops: KernelBackend):
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        self.fmt = fmt
+        self.ops = ops
+
+    def __deepcopy__(self, memo) -> "KernelLinear":
+        plain = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
+        plain.weight = copy.deepcopy(self.weight, memo)
+        plain.bias = copy.deepcopy(self.bias, memo)
+        return KernelLinear(plain, self.fmt, self.ops)       # the backend object is shared, not copied
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ops.dense_linear(x, self.weight, self.bias, self.fmt)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, {self.fmt}"
+
+
 @dataclass(frozen=True)
 class PackReport:
     plan: LinearPlan
@@ -67,7 +92,8 @@ class PackReport:
         if self.plan.format == "aten":
             return self.plan.describe()
         extra = f", +{self.extra_bytes / 2**20:.1f} MiB for tied weights" if self.extra_bytes else ""
-        return f"{self.plan.describe()}: {self.linears} linears packed{extra}"
+        held = "packed" if copies_weight(self.plan.format) else "through it"
+        return f"{self.plan.describe()}: {self.linears} linears {held}{extra}"
 
     def as_dict(self) -> dict:
         return {"format": self.plan.format, "why": self.plan.why, "linears": self.linears,
@@ -88,8 +114,9 @@ def pack_linears(model: nn.Module, plan: LinearPlan, ops: KernelBackend) -> Pack
         if id(m.weight) in kept and copies_weight(plan.format):   # a tied embedding keeps its own
             extra += m.weight.numel() * m.weight.element_size()
         parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, child, PackedLinear(m, plan.format, ops))
+        held = PackedLinear if copies_weight(plan.format) else KernelLinear
+        setattr(model.get_submodule(parent) if parent else model, child, held(m, plan.format, ops))
     return PackReport(plan, len(targets), extra)
 
 
-__all__ = ["PackReport", "PackedLinear", "pack_linears"]
+__all__ = ["KernelLinear", "PackReport", "PackedLinear", "pack_linears"]
