@@ -126,6 +126,17 @@ def _cached(fmt: str, rows: int, shape: tuple[int, int], dtype: torch.dtype) -> 
     return timed_once(("linear", fmt, rows, shape, dtype), lambda: measure(fmt, rows, shape, dtype))
 
 
+def _against_aten(fmt: str, classes, timer: Timer, dtype: torch.dtype) -> tuple[dict[str, float], list[str]]:
+    """``fmt`` / ``aten`` time per row class, and the timings as report text."""
+    ratios, timings = {}, []
+    for cls, rows, shape in classes:
+        t = {f: timer(f, rows, shape, dtype) for f in ("aten", fmt)}
+        ratios[cls] = t[fmt] / t["aten"]
+        timings.append(f"{cls} ({rows} rows, {shape[0]}x{shape[1]}): aten {t['aten'] * 1e3:.2f}ms "
+                       f"{fmt} {t[fmt] * 1e3:.2f}ms")
+    return ratios, timings
+
+
 def choose_linear_plan(choice: str, dtype: torch.dtype, device: torch.device | str = "cpu", *,
                        timer: Timer | None = None) -> LinearPlan:
     """The weight format for float linears of ``dtype`` on ``device``: ``choice`` by name (a
@@ -149,12 +160,7 @@ def choose_linear_plan(choice: str, dtype: torch.dtype, device: torch.device | s
     if why_not:
         notes.append(f"onednn: {why_not}")
     else:
-        ratios, timings = {}, []
-        for cls, rows, shape in ROWS:
-            t = {f: timer(f, rows, shape, dtype) for f in ("aten", "onednn")}
-            ratios[cls] = t["onednn"] / t["aten"]
-            timings.append(f"{cls} ({rows} rows, {shape[0]}x{shape[1]}): aten {t['aten'] * 1e3:.2f}ms "
-                           f"onednn {t['onednn'] * 1e3:.2f}ms")
+        ratios, timings = _against_aten("onednn", ROWS, timer, dtype)
         batch = math.sqrt(ratios["batch"] * ratios["prefill"])
         if ratios["decode"] <= DECODE_TOLERANCE and batch <= BATCH_GAIN:
             candidates.append((ratios["decode"], "onednn"))
@@ -164,11 +170,7 @@ def choose_linear_plan(choice: str, dtype: torch.dtype, device: torch.device | s
     if why_not:
         notes.append(f"native: {why_not}")
     else:
-        ratios, timings = {}, []
-        for cls, rows, shape in NATIVE_ROWS:
-            t = {f: timer(f, rows, shape, dtype) for f in ("aten", "native")}
-            ratios[cls] = t["native"] / t["aten"]
-            timings.append(f"{cls} ({rows} rows): aten {t['aten'] * 1e3:.2f}ms native {t['native'] * 1e3:.2f}ms")
+        ratios, timings = _against_aten("native", NATIVE_ROWS, timer, dtype)
         if ratios["decode"] <= NATIVE_DECODE_TOLERANCE and ratios["batch"] <= NATIVE_BATCH_GAIN:
             candidates.append((ratios["decode"], "native"))
         notes.append(f"native/aten decode {ratios['decode']:.2f} (<= {NATIVE_DECODE_TOLERANCE}), 8 rows "

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -34,6 +35,18 @@ def compiler() -> str:
         if name and shutil.which(name):
             return name
     raise NativeUnavailable("no C++ compiler found (set CXX, or install g++)")
+
+
+def why_unavailable(cpu_reason: str | None, bind: Callable[[], object]) -> str | None:
+    """``cpu_reason`` if the CPU cannot run a kernel, else why ``bind()`` (building, loading and
+    typing a library's functions) fails; None when it works."""
+    if cpu_reason is not None:
+        return cpu_reason
+    try:
+        bind()
+    except NativeUnavailable as exc:
+        return str(exc)
+    return None
 
 
 @functools.lru_cache(maxsize=None)

@@ -10,7 +10,7 @@ import functools
 import torch
 
 from . import row_gemm
-from .build import NativeUnavailable, load
+from .build import load, why_unavailable
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
@@ -26,13 +26,8 @@ def _functions():
 
 @functools.lru_cache(maxsize=1)
 def unavailable() -> str | None:
-    why = row_gemm.unavailable()
-    if why is None:
-        try:
-            _functions()
-        except NativeUnavailable as exc:
-            return str(exc)
-    return why
+    """Why the kernel cannot run here (None: it can): row_gemm's CPU needs, and its own build."""
+    return why_unavailable(row_gemm.cpu_unavailable(), _functions)
 
 
 def _eager_f32(*tensors: torch.Tensor) -> bool:

@@ -10,7 +10,7 @@ import functools
 import torch
 
 from . import row_gemm
-from .build import load
+from .build import load, why_unavailable
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _SCORES = [_P, _P, _I, _P, _I, _P, _I, _I, _I, _I, _I, ctypes.c_float, _P, _I]
@@ -28,14 +28,8 @@ def _functions():
 
 @functools.lru_cache(maxsize=1)
 def unavailable() -> str | None:
-    """Why the kernel cannot run here (None: it can); the same CPU and compiler needs as row_gemm."""
-    why = row_gemm.unavailable()
-    if why is None:
-        try:
-            _functions()
-        except RuntimeError as exc:
-            return str(exc)
-    return why
+    """Why the kernel cannot run here (None: it can): row_gemm's CPU needs, and its own build."""
+    return why_unavailable(row_gemm.cpu_unavailable(), _functions)
 
 
 def supports(q: torch.Tensor, pool: torch.Tensor, pool_scale: torch.Tensor | None) -> bool:

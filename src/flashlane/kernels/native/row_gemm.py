@@ -11,7 +11,7 @@ import functools
 import torch
 
 from ..cpu_caps import detect_cpu_caps
-from .build import NativeUnavailable, load
+from .build import load, why_unavailable
 
 MAX_ROWS = 16          # measured: ahead of MKL up to 16 rows, behind it at 32 (fp32, Zen 3, 1 thread)
 ARCH_FLAGS = ("-mavx2", "-mfma")
@@ -19,8 +19,8 @@ _ARGS = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctype
          ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
 
 
-def unavailable() -> str | None:
-    """Why the kernel cannot run on this machine (None: it can)."""
+def cpu_unavailable() -> str | None:
+    """Why this CPU cannot run the native kernels (AVX2 + FMA builds); None: it can."""
     caps = detect_cpu_caps()
     if caps.flags:
         missing = [f for f in ("avx2", "fma") if f not in caps.flags]
@@ -28,11 +28,12 @@ def unavailable() -> str | None:
             return f"the CPU lacks {' and '.join(missing)}"
     elif caps.capability.upper() not in ("AVX2", "AVX512", "AMX"):
         return f"torch reports CPU capability {caps.capability}, not AVX2"
-    try:
-        _function()
-    except NativeUnavailable as exc:
-        return str(exc)
     return None
+
+
+def unavailable() -> str | None:
+    """Why the kernel cannot run on this machine (None: it can)."""
+    return why_unavailable(cpu_unavailable(), _function)
 
 
 @functools.lru_cache(maxsize=1)
