@@ -120,11 +120,11 @@ class DSAAttention(nn.Module):
                 shared_selection: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         n = x.shape[0]
         ops = batch.ops
-        cq = self.q_a_layernorm(self.q_a_proj(x))
+        cq = self.q_a_layernorm(self.q_a_proj(x), ops)
         q = self.q_b_proj(cq).view(n, self.num_heads, self.nope + self.rope_dim)
         q_nope, q_rope = q.split([self.nope, self.rope_dim], dim=-1)
         c, k_rope = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
-        ckv = self.kv_a_layernorm(c)
+        ckv = self.kv_a_layernorm(c, ops)
         cos_sin = None
         if self.rope_dim:
             cos_sin = ops.rope_cos_sin(batch.positions, self.rope_dim, self.rope_theta)

@@ -72,7 +72,7 @@ class Glm5NextDecoderLayer(nn.Module):
         with profiling_range("mhc"):
             u, post, comb = self.attn_hc(streams, ops)
         with profiling_range("norm"):
-            h = self.input_layernorm(u)
+            h = self.input_layernorm(u, ops)
         if self.mixer == "kda":
             with profiling_range("kda"):
                 y, selection = self.self_attn(h, batch), None
@@ -83,7 +83,7 @@ class Glm5NextDecoderLayer(nn.Module):
             streams = ops.mhc_post(y, streams, post, comb, compiled=self.compile_mhc)
             u, post, comb = self.ffn_hc(streams, ops)
         with profiling_range("norm"):
-            h = self.post_attention_layernorm(u)
+            h = self.post_attention_layernorm(u, ops)
         y = self.mlp(h, ops)   # the MLP / MoE opens its own ranges
         with profiling_range("mhc"):
             streams = ops.mhc_post(y, streams, post, comb, compiled=self.compile_mhc)
@@ -110,10 +110,10 @@ class Glm5NextMTPLayer(nn.Module):
     def draft(self, embed_tokens: nn.Module, batch: ForwardBatch, hidden: torch.Tensor) -> torch.Tensor:
         z = mtp_input(self, embed_tokens, batch, hidden)
         with profiling_range("dsa_attention"):
-            a, _ = self.self_attn(self.input_layernorm(z), batch, None)
+            a, _ = self.self_attn(self.input_layernorm(z, batch.ops), batch, None)
         z = z + a
-        z = z + self.mlp(self.post_attention_layernorm(z), batch.ops)
-        return self.shared_head.norm(z)
+        z = z + self.mlp(self.post_attention_layernorm(z, batch.ops), batch.ops)
+        return self.shared_head.norm(z, batch.ops)
 
 
 class Glm5NextTextModel(nn.Module):
@@ -138,7 +138,7 @@ class Glm5NextTextModel(nn.Module):
         with profiling_range("mhc"):
             h = streams.mean(1)
         with profiling_range("norm"):
-            return self.norm(h)
+            return self.norm(h, batch.ops)
 
 
 class Glm5NextModel(nn.Module):

@@ -32,12 +32,12 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch, selection: torch.Tensor | None):
         with profiling_range("norm"):
-            x = self.input_layernorm(h)
+            x = self.input_layernorm(h, batch.ops)
         with profiling_range("dsa_attention"):
             attn, selection = self.self_attn(x, batch, selection)
             h = h + attn
         with profiling_range("norm"):
-            x = self.post_attention_layernorm(h)
+            x = self.post_attention_layernorm(h, batch.ops)
         return h + self.mlp(x, batch.ops), selection   # the MLP / MoE opens its own ranges
 
 
@@ -56,7 +56,7 @@ class MTPLayer(DecoderLayer):
 
     def draft(self, embed_tokens: nn.Module, batch: ForwardBatch, hidden: torch.Tensor) -> torch.Tensor:
         z, _ = super().forward(mtp_input(self, embed_tokens, batch, hidden), batch, None)
-        return self.shared_head.norm(z)
+        return self.shared_head.norm(z, batch.ops)
 
 
 class GlmMoeDsaModel(nn.Module):
@@ -77,7 +77,7 @@ class GlmMoeDsaModel(nn.Module):
         for layer in self.layers[: self.num_trunk_layers]:
             h, selection = layer_call(layer, h, batch, selection if layer.takes_selection else None)
         with profiling_range("norm"):
-            return self.norm(h)
+            return self.norm(h, batch.ops)
 
 
 class GlmMoeDsaForCausalLM(nn.Module):
