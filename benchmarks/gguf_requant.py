@@ -1,6 +1,7 @@
 """Requantise a GGUF file's quantised tensors to another GGML type with gguf-py (the library
 llama.cpp ships for reading and writing GGUF), so that llama.cpp runs, e.g., Q8_0 weights when
-flashlane runs int8: int8 compared with int8. Float tensors (norms) are copied as they are.
+flashlane runs int8: int8 compared with int8, or F32 (the dequantised weights flashlane's float32
+default runs). Float tensors (norms) are copied as they are.
 
     python benchmarks/gguf_requant.py IN.gguf OUT.gguf --type Q8_0
 """
@@ -34,6 +35,9 @@ def requantize(src: str | Path, dst: str | Path, qtype: str = "Q8_0") -> Path:
             writer.add_tensor(t.name, np.asarray(t.data).reshape(shape))
             continue
         values = gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape).astype(np.float32)
+        if target == gguf.GGMLQuantizationType.F32:        # unpacked: the file's own weights as float32
+            writer.add_tensor(t.name, values)
+            continue
         packed = gguf.quants.quantize(values, target)
         writer.add_tensor(t.name, packed, raw_shape=packed.shape, raw_dtype=target)
     writer.write_header_to_file()
@@ -47,7 +51,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("src")
     ap.add_argument("dst")
-    ap.add_argument("--type", default="Q8_0", choices=["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"])
+    ap.add_argument("--type", default="Q8_0", choices=["F32", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"])
     args = ap.parse_args()
     print(requantize(args.src, args.dst, args.type))
 

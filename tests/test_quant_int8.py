@@ -19,7 +19,7 @@ from flashlane.kernels.quant_matmul import (KERNELS, dequantize_int8, int8_linea
 from flashlane.models.layers import Experts, Fp32Linear
 from flashlane.models.quantize import KERNEL_ENV, Int8Embedding, Int8Experts, Int8Linear, quantize, weight_bytes
 
-from engine_models import preset, random_prompts, tiny_llama
+from engine_models import preset, random_prompts, small_glm, tiny_llama
 
 AVX2 = CpuCaps("AVX2", frozenset({"avx", "avx2", "fma"}))
 AVX512_VNNI = CpuCaps("AVX512", frozenset({"avx512f", "avx512_vnni"}))
@@ -179,13 +179,23 @@ def _dequantised_copy(model):
     return out
 
 
+def _native_or_skip():
+    from flashlane.kernels.native import row_gemm
+
+    if row_gemm.unavailable():
+        pytest.skip(f"native kernels: {row_gemm.unavailable()}")
+
+
 @pytest.mark.parametrize("name", ["tiny-flash", "tiny-standard"])
-def test_int8_engine_equals_fp32_engine_on_the_dequantised_weights(name):
+@pytest.mark.parametrize("kernel", ["dequant-fp32", "native"])
+def test_int8_engine_equals_fp32_engine_on_the_dequantised_weights(name, kernel):
+    if kernel == "native":
+        _native_or_skip()
     base = preset(name)
     params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, prompt_logprobs=0)
     ref = _llm(_with_model(base, _dequantised_copy(base.model))).generate(_prompts(base), params)
     q = copy.deepcopy(base.model)
-    quantize(q, "int8", plan=_plan("dequant-fp32"))        # int8 storage, fp32 arithmetic
+    quantize(q, "int8", plan=_plan(kernel))        # int8 storage, fp32 arithmetic
     out = _llm(_with_model(base, q)).generate(_prompts(base), params)
     assert [o.token_ids for o in out] == [r.token_ids for r in ref]
     diffs = [abs(list(a.values())[0] - list(b.values())[0])
@@ -210,6 +220,30 @@ def test_int8_engine_tracks_fp32(name, method, monkeypatch):
     diffs = [abs(list(a.values())[0] - list(b.values())[0])
              for o, r in zip(out, ref) for a, b in zip(o.prompt_logprobs[1:], r.prompt_logprobs[1:])]
     assert sum(diffs) / len(diffs) < 0.3 and max(diffs) < 1.5
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-flash", "tiny-standard", "hidden-glm5_next"])
+def test_native_w8a8_engine_equals_torch_w8a8_batched_and_alone(name):
+    """The AVX2 W8A8 kernel sums exactly as torch._int_mm does: the same logprobs, not close ones.
+    It is batch-invariant too: on llama, whose decode kernels are all batch-invariant, each prompt
+    alone gives what it gave in the batch (the GLM models' torch kernels are not, and int8
+    activation rounding turns their last-bit differences into visible ones)."""
+    _native_or_skip()
+    base = {"tiny-llama": tiny_llama, "hidden-glm5_next": lambda: small_glm("glm5_next", seed=5, hc_mult=3,
+                                                                           index_kpool=2)}.get(name, lambda: preset(name))()
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=0)
+    outs = {}
+    for kernel in ("w8a8", "w8a8-native"):
+        q = copy.deepcopy(base.model)
+        quantize(q, "w8a8", plan=_plan(kernel, "w8a8"))
+        llm = _llm(_with_model(base, q))
+        outs[kernel] = llm.generate(_prompts(base), params)
+        if kernel == "w8a8-native" and name == "tiny-llama":
+            alone = [llm.generate([p], params)[0] for p in _prompts(base)]
+            assert [o.token_ids for o in alone] == [o.token_ids for o in outs[kernel]]
+            assert [o.logprobs for o in alone] == [o.logprobs for o in outs[kernel]]
+    for a, b in zip(outs["w8a8-native"], outs["w8a8"]):
+        assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
 
 
 def test_engine_reports_weight_bytes_and_rejects_unknown_quantization():
@@ -269,12 +303,79 @@ def test_caps_flags():
 
 
 def test_kernel_candidates_follow_capability():
-    assert candidates("int8", AVX2) == ("int8pack", "dequant-fp32")
-    assert candidates("w8a8", AVX2) == ("int8pack", "dequant-fp32")         # no VNNI: no W8A8
-    assert candidates("w8a8", AVX512_VNNI) == ("int8pack", "dequant-fp32", "w8a8")
-    assert candidates("w8a8", AMX) == ("int8pack", "dequant-bf16", "w8a8")
+    assert candidates("int8", AVX2, native=False) == ("int8pack", "dequant-fp32")
+    assert candidates("w8a8", AVX2, native=False) == ("int8pack", "dequant-fp32")         # no VNNI: no W8A8
+    assert candidates("w8a8", AVX512_VNNI, native=False) == ("int8pack", "dequant-fp32", "w8a8")
+    assert candidates("w8a8", AMX, native=False) == ("int8pack", "dequant-bf16", "w8a8")
+    assert candidates("int8", AVX2, native=True) == ("int8pack", "dequant-fp32", "native")
+    assert candidates("w8a8", AVX2, native=True) == ("int8pack", "dequant-fp32", "native", "w8a8-native")
+    assert candidates("w8a8", AMX, native=True) == ("int8pack", "dequant-bf16", "native", "w8a8", "w8a8-native")
     with pytest.raises(ValueError, match="quantization"):
         candidates("int4", AMX)
+
+
+def test_native_candidate_needs_avx2_and_fma():
+    from flashlane.kernels.native import row_gemm
+
+    assert "native" not in candidates("int8", CpuCaps("DEFAULT", frozenset({"sse4_2"})))
+    assert "native" not in candidates("int8", CpuCaps("AVX2", frozenset({"avx2"})))        # no FMA
+    assert ("native" in candidates("int8", AVX2)) == (row_gemm.unavailable() is None)
+
+
+def test_native_int8_kernel_matches_the_dequantised_reference():
+    from flashlane.kernels.native import row_gemm
+
+    if row_gemm.unavailable():
+        pytest.skip(f"native kernels: {row_gemm.unavailable()}")
+    g = torch.Generator().manual_seed(3)
+    for n, k in ((37, 19), (64, 576), (5, 8), (3, 1)):
+        q, scale = quantize_int8(torch.randn(n, k, generator=g))
+        bias = torch.randn(n, generator=g)
+        for rows in (1, 2, 3, 8, 16, 17, 40):
+            x = torch.randn(rows, k, generator=g)
+            w = dequantize_int8(q, scale).double()
+            bound = 1e-5 * (x.double().abs() @ w.abs().t()) + 1e-6     # fp32 rounding of the dot
+            for b in (None, bias):
+                exact = x.double() @ w.t() + (0 if b is None else b.double())
+                got = KERNELS["native"](x, q, scale, b)
+                assert ((got.double() - exact).abs() <= bound).all(), (n, k, rows)
+        # batch-invariant up to MAX_ROWS: a row alone equals the same row in any batch
+        x = torch.randn(row_gemm.MAX_ROWS, k, generator=g)
+        full = KERNELS["native"](x, q, scale)
+        assert all(torch.equal(full[i:i + 1], KERNELS["native"](x[i:i + 1], q, scale)) for i in range(len(x)))
+    # strided and 3-D activations; bf16 activations take the dequantising path
+    x = torch.randn(2, 3, 2 * 576, generator=g)[..., ::2]
+    q, scale = quantize_int8(torch.randn(64, 576, generator=g))
+    assert torch.allclose(KERNELS["native"](x, q, scale), int8_linear_reference(x, q, scale), atol=1e-4)
+    xb = torch.randn(2, 576, generator=g).bfloat16()
+    assert KERNELS["native"](xb, q, scale).dtype == torch.bfloat16
+
+
+def test_native_w8a8_kernel_equals_torch_w8a8_bit_for_bit():
+    from flashlane.kernels.native import row_gemm
+
+    if row_gemm.unavailable():
+        pytest.skip(f"native kernels: {row_gemm.unavailable()}")
+    g = torch.Generator().manual_seed(4)
+    # K tails below and above the 32-byte step, rows above MAX_ROWS (torch's path), a zero row
+    for n, k in ((37, 19), (64, 576), (9, 64), (7, 33), (3, 2), (576, 1536)):
+        q, scale = quantize_int8(torch.randn(n, k, generator=g))
+        bias = torch.randn(n, generator=g)
+        for rows in (1, 2, 3, 8, 16, 17):
+            x = torch.randn(rows, k, generator=g) * 3
+            x[0] = 0 if rows > 2 else x[0]
+            for b in (None, bias):
+                assert torch.equal(KERNELS["w8a8-native"](x, q, scale, b), KERNELS["w8a8"](x, q, scale, b)), (n, k, rows)
+
+
+def test_plan_offers_native_only_for_float32_activations():
+    seen = []
+    timer = lambda kernel, rows, shape, dtype: seen.append((kernel, dtype)) or 1e-6   # noqa: E731
+    choose_plan("int8", AVX2, (64, 32), timer=timer, native=True)
+    assert ("native", torch.float32) in seen
+    seen.clear()
+    choose_plan("int8", AVX2, (64, 32), timer=timer, dtype=torch.bfloat16, native=True)
+    assert all(k != "native" for k, _ in seen)
 
 
 def test_plan_picks_the_fastest_kernel_per_row_class_and_says_why():
@@ -285,9 +386,13 @@ def test_plan_picks_the_fastest_kernel_per_row_class_and_says_why():
     assert plan.by_class() == {"decode": "int8pack", "batch": "w8a8", "prefill": "w8a8"}
     assert [plan.kernel_for(r) for r in (1, 7, 8, 63, 64, 4096)] == ["int8pack"] * 2 + ["w8a8"] * 4
     assert "timed on 64x32" in plan.why and "w8a8 0.01ms" in plan.why
-    slow_w8a8 = choose_plan("w8a8", AVX2, (64, 32), timer=timer)       # same timings, no VNNI
+    slow_w8a8 = choose_plan("w8a8", AVX2, (64, 32), timer=timer, native=False)   # same timings, no VNNI
     assert "w8a8" not in slow_w8a8.kernels and "falls back to weight-only" in slow_w8a8.why
-    assert choose_plan("int8", AVX2, (64, 32), timer=timer).by_class()["prefill"] == "dequant-fp32"
+    assert choose_plan("int8", AVX2, (64, 32), timer=timer, native=False).by_class()["prefill"] == "dequant-fp32"
+    # flashlane's AVX2 W8A8 kernel needs no VNNI: W8A8 is kept, not replaced by weight-only int8
+    cost.update({"native": lambda r: 2.0 + r, "w8a8-native": lambda r: 0.5 + r / 4})
+    avx2_w8a8 = choose_plan("w8a8", AVX2, (64, 32), timer=timer, native=True)
+    assert avx2_w8a8.by_class()["decode"] == "w8a8-native" and "falls back" not in avx2_w8a8.why
     gpu = choose_plan("int8", AMX, (64, 32), device="meta", timer=None)
     assert gpu.kernels == ("int8pack",) * 3
 
@@ -311,7 +416,7 @@ def test_timed_choice_unless_pinned(monkeypatch):
     m = copy.deepcopy(tiny_llama().model)
     monkeypatch.delenv(KERNEL_ENV, raising=False)
     timed = quantize(m, "int8", caps=AVX2).plan           # timed on this machine, AVX2 candidates
-    assert set(timed.kernels) <= {"int8pack", "dequant-fp32"} and "timed on 128x64" in timed.why
+    assert set(timed.kernels) <= {"int8pack", "dequant-fp32", "native"} and "timed on 128x64" in timed.why
     monkeypatch.setenv(KERNEL_ENV, "int4")
     with pytest.raises(ValueError, match=KERNEL_ENV):
         quantize(copy.deepcopy(tiny_llama().model), "int8")

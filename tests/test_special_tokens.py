@@ -57,6 +57,17 @@ def test_incremental_detokenizer_equals_one_decode(tok, opts):
     assert ("<|reserved_" in streamed) != opts["skip_special_tokens"]
 
 
+def test_a_tokenizer_that_rendered_a_template_can_be_copied_and_pickled(tok):
+    import copy
+    import pickle
+
+    messages = [{"role": "user", "content": "hi"}]
+    text = tok.apply_chat_template(messages)          # compiles and keeps the jinja template
+    for other in (copy.deepcopy(tok), pickle.loads(pickle.dumps(tok))):
+        assert other.apply_chat_template(messages) == text
+        assert other.encode("hello") == tok.encode("hello")
+
+
 def test_sampling_params_fields_are_booleans():
     assert SamplingParams().skip_special_tokens and SamplingParams().spaces_between_special_tokens
     with pytest.raises(ValueError, match="skip_special_tokens"):

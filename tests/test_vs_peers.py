@@ -117,7 +117,38 @@ def test_llama_args_defaults_and_quick():
     assert (quick.rounds, quick.new_tokens) == (2, 16)
 
 
-@pytest.mark.parametrize("argv", [["--rounds", "0"], ["--new-tokens", "1"], ["--threads", "0"]])
+def test_llama_weights_requantised_once_and_kept(tmp_path, monkeypatch):
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    src = tmp_path / "tiny.gguf"
+    w = gguf.GGUFWriter(str(src), "llama")
+    values = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    packed = gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q8_0)
+    w.add_tensor("blk.0.ffn_up.weight", packed, raw_shape=packed.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(64, dtype=np.float32))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    monkeypatch.setenv("FLASHLANE_CACHE", str(tmp_path / "cache"))
+    out = vs_llama_cpp.requantized(src, "F32")
+    assert out == tmp_path / "cache" / "gguf" / "tiny.F32.gguf"
+    tensors = {t.name: t for t in gguf.GGUFReader(str(out)).tensors}
+    up = tensors["blk.0.ffn_up.weight"]
+    assert up.tensor_type == gguf.GGMLQuantizationType.F32
+    want = gguf.quants.dequantize(packed, gguf.GGMLQuantizationType.Q8_0)
+    assert np.array_equal(np.asarray(up.data).reshape(want.shape), want)     # the same weights, unpacked
+    stamp = out.stat().st_mtime_ns
+    assert vs_llama_cpp.requantized(src, "F32").stat().st_mtime_ns == stamp  # cached, not written again
+    assert not list(out.parent.glob("*.part"))
+
+
+def test_llama_args_pair_weights():
+    args = vs_llama_cpp.parse_args(["--quantization", "int8", "--llama-weights", "Q8_0"])
+    assert (args.quantization, args.llama_weights) == ("int8", "Q8_0")
+    assert (vs_llama_cpp.parse_args([]).quantization, vs_llama_cpp.parse_args([]).llama_weights) == (None, "shipped")
+
+
+@pytest.mark.parametrize("argv", [["--rounds", "0"], ["--new-tokens", "1"], ["--threads", "0"],
+                                  ["--llama-weights", "Q2_K"], ["--quantization", "int4"]])
 def test_llama_args_refused(argv):
     with pytest.raises(SystemExit):
         vs_llama_cpp.parse_args(argv)

@@ -1,8 +1,8 @@
 """Which int8 kernel runs at which row count, chosen once at start-up per CPU.
 
 The int8 kernels trade places with the number of rows: the packed weight-only kernel wins at
-decode (a few rows) and degrades with many, W8A8 needs int8 dot instructions (VNNI/AMX) and pays
-an activation quantisation, dequantise-then-matmul pays a weight cast that many rows amortise.
+decode (a few rows) and degrades with many, W8A8 needs int8 dot instructions (VNNI/AMX; flashlane's
+own AVX2 kernels do without, for up to 16 rows) and pays an activation quantisation, dequantise-then-matmul pays a weight cast that many rows amortise.
 So rows fall into three classes and each class gets the fastest kernel among those the CPU
 supports, timed once on a representative weight shape (a few milliseconds; cached per shape
 class for the process). The choice is reported, never a silent slow path.
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from .cpu_caps import CpuCaps, best_time, timed_once
+from .native import row_gemm
 from .quant_matmul import KERNELS
 
 METHODS = ("int8", "w8a8")
@@ -29,14 +30,22 @@ ROW_CLASSES = (("decode", 1, 1), ("batch", 16, 8), ("prefill", 128, 64))
 Timer = Callable[[str, int, tuple[int, int], torch.dtype], float]   # (kernel, rows, (out, in), x dtype) -> s
 
 
-def candidates(method: str, caps: CpuCaps) -> tuple[str, ...]:
+def candidates(method: str, caps: CpuCaps, native: bool | None = None) -> tuple[str, ...]:
     """Kernels ``method`` may use on a CPU with ``caps``: weight-only ones always, W8A8 only
-    for ``w8a8`` and only with int8 dot instructions, bf16 dequantisation only with native bf16."""
+    for ``w8a8`` and only with int8 dot instructions, bf16 dequantisation only with native bf16,
+    flashlane's native kernels where ``native`` (default: ``caps`` has AVX2 + FMA and the kernels
+    build here): weight-only, and for ``w8a8`` its W8A8 one, which needs no int8 dot instructions."""
     if method not in METHODS:
         raise ValueError(f"quantization must be one of {', '.join(METHODS)}, got {method!r}")
     out = ["int8pack", "dequant-bf16" if caps.native_bf16 else "dequant-fp32"]
+    if native is None:
+        native = row_gemm.cpu_unavailable(caps) is None and row_gemm.unavailable() is None
+    if native:
+        out.append("native")
     if method == "w8a8" and caps.int8_dot:
         out.append("w8a8")
+    if method == "w8a8" and native:      # AVX2 byte products: no VNNI needed
+        out.append("w8a8-native")
     return tuple(out)
 
 
@@ -83,10 +92,12 @@ def _cached_timer(kernel: str, rows: int, shape: tuple[int, int], dtype: torch.d
 
 
 def choose_plan(method: str, caps: CpuCaps, shape: tuple[int, int], device: str = "cpu",
-                timer: Timer | None = None, dtype: torch.dtype = torch.float32) -> Int8Plan:
+                timer: Timer | None = None, dtype: torch.dtype = torch.float32,
+                native: bool | None = None) -> Int8Plan:
     """The fastest supported kernel per row class for weights of ``shape`` (out, in) and
-    activations of ``dtype``."""
-    names = candidates(method, caps)
+    activations of ``dtype`` (``native``: as for ``candidates``; the native kernel takes float32
+    activations only)."""
+    names = candidates(method, caps, native if dtype == torch.float32 else False)
     if torch.device(device).type != "cpu":
         return Int8Plan(method, ("int8pack",) * len(ROW_CLASSES), f"device {device}: no CPU kernel choice")
     timer = timer or _cached_timer
@@ -97,6 +108,6 @@ def choose_plan(method: str, caps: CpuCaps, shape: tuple[int, int], device: str 
         chosen.append(best)
         notes.append(f"{cls}: " + " ".join(f"{k} {t * 1e3:.2f}ms" for k, t in times.items()))
     why = f"cpu {caps.describe()}, timed on {shape[0]}x{shape[1]}: " + "; ".join(notes)
-    if method == "w8a8" and not caps.int8_dot:
+    if method == "w8a8" and not any(k.startswith("w8a8") for k in names):
         why = "no VNNI/AMX int8 dot instructions: w8a8 falls back to weight-only int8; " + why
     return Int8Plan(method, tuple(chosen), why)

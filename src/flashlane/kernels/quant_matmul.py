@@ -6,6 +6,13 @@
   sharply with many rows; it needs in_features % 16 == 0 (``PACK_K_MULTIPLE``).
 - ``int8_linear_dequant`` (weight-only): dequantise the weight to bf16/fp32 and run a dense
   matmul; the dequantisation is paid once per call, so it pays only for many rows.
+- ``int8_linear_native`` (weight-only): flashlane's own AVX2 kernel (``native/row_gemm.cpp``)
+  widens the int8 weights to float32 in registers and keeps float32 activations, for up to
+  ``row_gemm.MAX_ROWS`` rows (decode; batch-invariant); more rows take ``dequant-fp32``. On CPUs
+  without native bf16 the packed kernel's bf16 activations are emulated and slow, this is not.
+- ``w8a8_linear_native`` (dynamic W8A8): the same kernel quantising each row of activations as
+  ``w8a8_linear`` does and summing in int32 without VNNI (AVX2 byte products), equal to
+  ``w8a8_linear`` bit for bit; more than ``row_gemm.MAX_ROWS`` rows take ``w8a8_linear``.
 - ``w8a8_linear`` (dynamic W8A8): activations quantised per token (symmetric int8), an exact
   int8 x int8 -> int32 product (``torch._int_mm``, VNNI/AMX on CPU), then both scales.
   On CPU ``_int_mm`` takes any M, N, K >= 2 and the weight's transposed view (checked on torch 2.13);
@@ -18,6 +25,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from .native import row_gemm
 
 # _weight_int8pack_mm on CPU (torch 2.13) needs in_features % 16 == 0: other widths read out of
 # bounds (garbage or a segfault), so those weights take the dequantising kernel instead.
@@ -91,6 +100,16 @@ def int8_linear_dequant_fp32(x, qweight, scale, bias=None):
     return int8_linear_dequant(x, qweight, scale, bias, torch.float32)
 
 
+def int8_linear_native(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
+                       bias: torch.Tensor | None = None) -> torch.Tensor:
+    return row_gemm.int8_linear(x, qweight, scale, bias, int8_linear_dequant_fp32)
+
+
+def w8a8_linear_native(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
+                       bias: torch.Tensor | None = None) -> torch.Tensor:
+    return row_gemm.int8_linear(x, qweight, scale, bias, w8a8_linear, activations="int8")
+
+
 def w8a8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
                 bias: torch.Tensor | None = None) -> torch.Tensor:
     """Dynamic W8A8: per-token int8 activations times int8 weights, exact int32 accumulation."""
@@ -122,6 +141,8 @@ KERNELS = {
     "int8pack": int8_linear,
     "dequant-bf16": int8_linear_dequant,
     "dequant-fp32": int8_linear_dequant_fp32,
+    "native": int8_linear_native,
     "w8a8": w8a8_linear,
+    "w8a8-native": w8a8_linear_native,
     "reference": int8_linear_reference,
 }

@@ -47,6 +47,10 @@ class Tokenizer:
         # added tokens (never split by BPE): id -> (text, special); decode() sets them apart
         self._added = {i: (t.content, t.special) for i, t in tok.get_added_tokens_decoder().items()}
 
+    def __getstate__(self) -> dict:
+        # a compiled jinja template can be neither copied nor pickled; it is made again on use
+        return {**self.__dict__, "_compiled": None}
+
     # ---- ids -------------------------------------------------------------------------------
     @property
     def bos_token_id(self) -> int | None:

@@ -1,5 +1,6 @@
 """``x @ W^T + b`` for up to ``MAX_ROWS`` rows of float32 x through ``row_gemm.cpp`` (AVX2 + FMA),
-on the weight as loaded. Faster than torch's sgemm where the rows are few (decode) and
+on the weight as loaded: float32 (``linear``) or int8 with per-row scales (``int8_linear``,
+weight-only). Faster than torch's sgemm where the rows are few (decode) and
 batch-invariant; more rows go to torch. Single-threaded: the linear plan only picks it where a
 start-up timing at the engine's thread count finds it faster."""
 
@@ -10,7 +11,7 @@ import functools
 
 import torch
 
-from ..cpu_caps import detect_cpu_caps
+from ..cpu_caps import CpuCaps, detect_cpu_caps
 from .build import load, why_unavailable
 
 MAX_ROWS = 16          # measured: ahead of MKL up to 16 rows, behind it at 32 (fp32, Zen 3, 1 thread)
@@ -19,9 +20,10 @@ _ARGS = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctype
          ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
 
 
-def cpu_unavailable() -> str | None:
-    """Why this CPU cannot run the native kernels (AVX2 + FMA builds); None: it can."""
-    caps = detect_cpu_caps()
+def cpu_unavailable(caps: CpuCaps | None = None) -> str | None:
+    """Why a CPU with ``caps`` (default: this one) cannot run the native kernels (AVX2 + FMA
+    builds); None: it can."""
+    caps = detect_cpu_caps() if caps is None else caps
     if caps.flags:
         missing = [f for f in ("avx2", "fma") if f not in caps.flags]
         if missing:
@@ -32,8 +34,8 @@ def cpu_unavailable() -> str | None:
 
 
 def unavailable() -> str | None:
-    """Why the kernel cannot run on this machine (None: it can)."""
-    return why_unavailable(cpu_unavailable(), _function)
+    """Why the kernels cannot run on this machine (None: they can)."""
+    return why_unavailable(cpu_unavailable(), lambda: (_function(), _int8_function(), _w8a8_function()))
 
 
 @functools.lru_cache(maxsize=1)
@@ -43,21 +45,64 @@ def _function():
     return fn
 
 
+@functools.lru_cache(maxsize=1)
+def _int8_function():
+    fn = load("row_gemm", ARCH_FLAGS).row_gemm_i8w
+    fn.argtypes, fn.restype = _ARGS[:4] + [ctypes.c_void_p] + _ARGS[4:], None
+    return fn
+
+
+@functools.lru_cache(maxsize=1)
+def _w8a8_function():
+    fn = load("row_gemm", ARCH_FLAGS).row_gemm_w8a8
+    fn.argtypes, fn.restype = _ARGS[:4] + [ctypes.c_void_p] + _ARGS[4:], None
+    return fn
+
+
+def takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, weight_dtype: torch.dtype) -> bool:
+    """Whether the native kernel runs ``x`` against ``weight`` (else the caller's torch path)."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return (0 < rows <= MAX_ROWS and x.dtype == torch.float32 and weight.dtype == weight_dtype
+            and x.device.type == "cpu" and not x.requires_grad and not weight.requires_grad
+            and (bias is None or (bias.dtype == torch.float32 and not bias.requires_grad)))
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    a = x.reshape(-1, x.shape[-1])
+    return a if a.stride(-1) == 1 else a.contiguous()
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x [..., K] @ weight[N, K]^T + bias; the native kernel for float32 CPU tensors of up to
     ``MAX_ROWS`` rows, torch's linear otherwise."""
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if (rows == 0 or rows > MAX_ROWS or x.dtype != torch.float32 or weight.dtype != torch.float32
-            or x.device.type != "cpu" or x.requires_grad or weight.requires_grad
-            or (bias is not None and (bias.dtype != torch.float32 or bias.requires_grad))):
+    if not takes(x, weight, bias, torch.float32):
         return torch.nn.functional.linear(x, weight, bias)
     n, k = weight.shape
-    a = x.reshape(rows, k)
-    if a.stride(-1) != 1:
-        a = a.contiguous()
+    a = _rows(x)
     w = weight if weight.stride(-1) == 1 else weight.contiguous()
     b = None if bias is None else bias.contiguous()
-    out = torch.empty(rows, n, dtype=torch.float32)
-    _function()(a.data_ptr(), rows, a.stride(0), w.data_ptr(), n, k, w.stride(0),
+    out = torch.empty(a.shape[0], n, dtype=torch.float32)
+    _function()(a.data_ptr(), a.shape[0], a.stride(0), w.data_ptr(), n, k, w.stride(0),
                 None if b is None else b.data_ptr(), out.data_ptr(), n)
+    return out.reshape(*x.shape[:-1], n)
+
+
+def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                otherwise, activations: str = "float32") -> torch.Tensor:
+    """x [..., K] @ (qweight[N, K] * scale[N, None])^T + bias with int8 weights and per-row scales:
+    ``activations="float32"`` widens the weights exactly (weight-only int8); ``"int8"`` quantises
+    each row of x to int8 first and sums exactly in int32 (dynamic W8A8, equal to
+    ``quant_matmul.w8a8_linear``). ``otherwise(x, qweight, scale, bias)`` where the kernel does not
+    take the call (more than ``MAX_ROWS`` rows, other dtypes or devices)."""
+    if not takes(x, qweight, bias, torch.int8) or scale.dtype != torch.float32:
+        return otherwise(x, qweight, scale, bias)
+    fn = {"float32": _int8_function, "int8": _w8a8_function}[activations]()
+    n, k = qweight.shape
+    a = _rows(x)
+    w = qweight if qweight.stride(-1) == 1 else qweight.contiguous()
+    s = scale.contiguous()
+    b = None if bias is None else bias.contiguous()
+    out = torch.empty(a.shape[0], n, dtype=torch.float32)
+    fn(a.data_ptr(), a.shape[0], a.stride(0), w.data_ptr(), s.data_ptr(), n, k, w.stride(0),
+       None if b is None else b.data_ptr(), out.data_ptr(), n)
     return out.reshape(*x.shape[:-1], n)
