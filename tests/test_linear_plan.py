@@ -25,15 +25,16 @@ PACKED_FORMATS = [pytest.param("onednn", marks=needs_onednn), pytest.param("nati
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 
 
-def _timer(decode: float, batch: float, prefill: float, native: tuple[float, float] = (1.0, 1.0)):
-    """A fake timer: aten takes 1 s everywhere, onednn the given seconds per row class, native
-    ``native`` at 1 and 8 rows."""
+def _timer(decode: float, batch: float, prefill: float, native: tuple[float, float] = (1.0, 1.0),
+           chunk: float = 1.0):
+    """A fake timer: aten takes 1 s everywhere, onednn the given seconds per row class (``chunk``:
+    at a prefill chunk's 1024 rows), native ``native`` at 1 and 8 rows."""
     def timer(fmt, rows, shape, dtype):
         if fmt == "aten":
             return 1.0
         if fmt == "native":
             return dict(zip((1, 8), native))[rows]
-        return {1: decode, 16: batch, 128: prefill}[rows]
+        return {1: decode, 16: batch, 128: prefill, 1024: chunk}[rows]
     return timer
 
 
@@ -45,12 +46,14 @@ def _timer(decode: float, batch: float, prefill: float, native: tuple[float, flo
     ((1.04, 0.8, 0.8), "onednn"),     # within the decode noise allowance
     ((1.2, 0.5, 0.5), "aten"),        # slower at decode: decode is what streams the weights
     ((0.9, 0.95, 0.95), "aten"),      # not 10% faster in batches: not worth a different layout
+    ((1.0, 0.6, 0.6, (1.0, 1.0), 1.2), "aten"),   # slower at a prefill chunk (Zen 3, 2 threads)
 ])
 def test_auto_takes_onednn_only_where_it_is_no_slower_at_decode_and_faster_in_batches(times, want,
                                                                                          monkeypatch):
     monkeypatch.delenv("FLASHLANE_LINEAR_KERNEL", raising=False)
     plan = choose_linear_plan("auto", torch.float32, timer=_timer(*times))
     assert plan.format == want
+    assert "chunk (1024 rows" in plan.why
     assert "timed:" in plan.why and "decode (1 rows" in plan.why and f"{DECODE_SHAPE[0]}x{DECODE_SHAPE[1]}" in plan.why
 
 

@@ -25,6 +25,7 @@ RANGE_NAMES = (
     "dsa_attention",   # MLA over the indexer's selection (the indexer itself excluded)
     "indexer",         # DSA lightning indexer: key write, scoring, top-k
     "attention",       # dense attention (llama)
+    "decoder_layer",   # a whole llama decoder layer in one backend call (decode rows, native kernels)
     "moe_router",
     "moe_experts",     # routed experts
     "moe_shared",      # shared experts

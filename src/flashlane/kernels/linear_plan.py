@@ -13,8 +13,10 @@ Three formats:
 
 One storage holds for every row count (a second copy of every weight would double the model's
 memory), so ``auto`` times the formats on this CPU. ``onednn`` is taken only where it is no slower
-at decode (1 row, on a weight larger than the last-level cache, the bandwidth-bound case) and at
-least 10% faster at batch and prefill row counts; ``native`` only where it is no slower at decode
+at decode (1 row, on a weight larger than the last-level cache, the bandwidth-bound case), at
+least 10% faster at batch and small-prefill row counts, and no slower at a prefill chunk's row
+count (1024: on a Zen 3 at 2 threads it was 0.70-0.84x aten's time at 16-128 rows but 1.22x at
+1024 and 1.36x at 2048, which made SmolLM2's prefill 20% slower); ``native`` only where it is no slower at decode
 and at least 10% faster at 8 rows (its prefill is aten's); where both qualify, the faster at
 decode. Ties keep the loaded weights. The choice and its timings go into the start-up report
 (``LinearPlan.describe``).
@@ -38,8 +40,10 @@ CHOICES = ("auto", *FORMATS)
 # prefill on a small model's MLP matrix
 DECODE_SHAPE = (8192, 2048)
 BATCH_SHAPE = (2048, 1024)
-ROWS = (("decode", 1, DECODE_SHAPE), ("batch", 16, BATCH_SHAPE), ("prefill", 128, BATCH_SHAPE))
+ROWS = (("decode", 1, DECODE_SHAPE), ("batch", 16, BATCH_SHAPE), ("prefill", 128, BATCH_SHAPE),
+        ("chunk", 1024, BATCH_SHAPE))
 DECODE_TOLERANCE = 1.05        # onednn / aten at decode: no slower (5% timing noise allowed)
+CHUNK_TOLERANCE = 1.05         # onednn / aten at a prefill chunk's rows: no slower
 BATCH_GAIN = 0.9               # geometric mean onednn / aten over batch + prefill: 10% faster
 NATIVE_ROWS = (("decode", 1, DECODE_SHAPE), ("batch", 8, DECODE_SHAPE))   # native's rows; more are aten's
 # native / aten: no slower at 1 row (5% timing noise allowed: one 64 MiB GEMV timed a few times
@@ -162,10 +166,11 @@ def choose_linear_plan(choice: str, dtype: torch.dtype, device: torch.device | s
     else:
         ratios, timings = _against_aten("onednn", ROWS, timer, dtype)
         batch = math.sqrt(ratios["batch"] * ratios["prefill"])
-        if ratios["decode"] <= DECODE_TOLERANCE and batch <= BATCH_GAIN:
+        if ratios["decode"] <= DECODE_TOLERANCE and batch <= BATCH_GAIN and ratios["chunk"] <= CHUNK_TOLERANCE:
             candidates.append((ratios["decode"], "onednn"))
         notes.append(f"onednn/aten decode {ratios['decode']:.2f} (<= {DECODE_TOLERANCE}), batch+prefill "
-                     f"{batch:.2f} (<= {BATCH_GAIN}): " + "; ".join(timings))
+                     f"{batch:.2f} (<= {BATCH_GAIN}), chunk {ratios['chunk']:.2f} (<= {CHUNK_TOLERANCE}): "
+                     + "; ".join(timings))
     why_not = unavailable("native", dtype, device)
     if why_not:
         notes.append(f"native: {why_not}")

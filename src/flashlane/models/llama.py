@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
+from ..kernels.backends.base import DenseDecoderLayer
 from ..trace_ranges import profiling_range
 from .forward_batch import ForwardBatch
 from .layers import MLP, RMSNorm, call_layer
@@ -75,7 +76,21 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
+    def parts(self) -> DenseDecoderLayer:
+        attn, mlp = self.self_attn, self.mlp
+        return DenseDecoderLayer(self.input_layernorm.weight, self.post_attention_layernorm.weight,
+                                 self.input_layernorm.eps, attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
+                                 mlp.gate_proj, mlp.up_proj, mlp.down_proj, attn.num_heads, attn.num_kv,
+                                 attn.head_dim)
+
     def forward(self, h, batch, cos, sin, plan):
+        cache = batch.cache
+        row = cache.spec.latent_row(self.self_attn.layer_id)
+        with profiling_range("decoder_layer"):
+            out = batch.ops.dense_decoder_layer(self.parts(), h, cos, sin, cache.layer("latent", row),
+                                                cache.layer("latent_scale", row), batch, plan)
+        if out is not None:
+            return out
         with profiling_range("norm"):
             x = self.input_layernorm(h, batch.ops)
         with profiling_range("attention"):

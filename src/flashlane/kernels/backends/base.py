@@ -13,9 +13,11 @@ plain-torch ``cpu`` backend is the reference every other one is tested against.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+from torch import nn
 
 
 class VarlenBatch(Protocol):
@@ -45,6 +47,29 @@ class VarlenBatch(Protocol):
     def page_size(self) -> int: ...    # tokens per page of the paged pools
 
 
+@dataclass(frozen=True)
+class DenseDecoderLayer:
+    """The parts of a pre-norm dense decoder layer (llama): RMSNorm -> GQA attention with
+    rotate-half RoPE -> residual -> RMSNorm -> SwiGLU MLP -> residual, for a backend that runs the
+    whole layer at once (``KernelBackend.dense_decoder_layer``). The linears are the model's own
+    modules as loading left them: float ones carry their linear-plan format as ``fmt``, int8 ones
+    (``models.quantize``) their ``qweight``, ``scale`` and int8 kernel ``plan``."""
+
+    input_norm_weight: torch.Tensor
+    post_norm_weight: torch.Tensor
+    eps: float
+    q_proj: nn.Module
+    k_proj: nn.Module
+    v_proj: nn.Module
+    o_proj: nn.Module
+    gate_proj: nn.Module
+    up_proj: nn.Module
+    down_proj: nn.Module
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+
 class KernelBackend(ABC):
     """One implementation of every op the models run. Subclass it (or ``CpuBackend``, overriding
     only the ops a device does better) and register it in ``kernels.backends``."""
@@ -71,6 +96,14 @@ class KernelBackend(ABC):
         """Causal GQA attention over each sequence's paged history: writes the new tokens'
         ``[K | V]`` rows (k, v [N, Hkv, D]) into ``pool`` at ``meta.slot_mapping``, then attends
         q [N, Hq, D] -> [N, Hq, D]."""
+
+    def dense_decoder_layer(self, layer: DenseDecoderLayer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                            pool: torch.Tensor, pool_scale: torch.Tensor | None, meta: VarlenBatch,
+                            plan: Any) -> torch.Tensor | None:
+        """The whole of ``layer`` on the residual stream h [N, hidden] in one go, writing the new
+        tokens' ``[K | V]`` as ``dense_attention`` does; None where this backend has no such path
+        for this batch (the model then composes the separate ops, the reference)."""
+        return None
 
     # ---- KDA linear attention -----------------------------------------------------------------
 

@@ -59,7 +59,10 @@ def load(name: str, arch_flags: tuple[str, ...]) -> ctypes.CDLL:
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         raise NativeUnavailable(f"{cxx} --version failed: {exc}") from exc
-    key = hashlib.sha256("\0".join((source.read_text(), *flags, version)).encode()).hexdigest()[:16]
+    # every source of the folder: a kernel may include its neighbours (simd.h, row_gemm.cpp, ...)
+    sources = sorted((*HERE.glob("*.cpp"), *HERE.glob("*.h")))
+    texts = [f"{p.name}\0{p.read_text()}" for p in sources]
+    key = hashlib.sha256("\0".join((source.name, *texts, *flags, version)).encode()).hexdigest()[:16]
     lib = cache_dir() / f"{name}-{key}.so"
     if not lib.exists():
         lib.parent.mkdir(parents=True, exist_ok=True)

@@ -1,16 +1,10 @@
 // The per-token glue of a decoder layer in one call each instead of a handful of torch ops:
 // RMSNorm (``w * (x * rsqrt(mean(x^2) + eps))``) and rotate-half RoPE. float32, one thread; each
 // row is computed on its own in a fixed order (batch-invariant).
+#include "simd.h"
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
-
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 // x [rows, dim] (row stride x_stride) -> out [rows, dim] contiguous
 extern "C" void rms_norm_f32(const float* x, int64_t rows, int64_t dim, int64_t x_stride, const float* w, float eps,

@@ -32,7 +32,7 @@ def unavailable() -> str | None:
 
 def _eager_f32(*tensors: torch.Tensor) -> bool:
     return (all(t.dtype == torch.float32 and t.device.type == "cpu" and t.stride(-1) == 1 for t in tensors)
-            and not torch.compiler.is_compiling())
+            and not torch.compiler.is_compiling() and not row_gemm.tracks_grad(*tensors))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:

@@ -4,16 +4,10 @@
 // Pool rows hold [K (kv_heads x D) | V (kv_heads x D)] of one token; sequence b's token t sits in
 // row tables[b, t / page] * page + t % page. Sums run in a fixed order per (sequence, head), so a
 // sequence's result does not depend on the rest of the batch.
+#include "simd.h"
 #include <immintrin.h>
 #include <stdint.h>
 #include <math.h>
-
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 static inline const float* row_of(const float* pool, int64_t row_stride, const int64_t* table, int64_t page,
                                    int64_t t) {

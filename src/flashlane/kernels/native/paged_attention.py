@@ -34,10 +34,11 @@ def unavailable() -> str | None:
 
 def supports(q: torch.Tensor, pool: torch.Tensor, pool_scale: torch.Tensor | None) -> bool:
     """Whether these decode rows can take the native path: float32 everywhere, a plain pool,
-    head dim a multiple of 8, eager (a ctypes call cannot sit inside a compiled graph)."""
+    head dim a multiple of 8, eager (a ctypes call cannot sit inside a compiled graph), no
+    autograd to record."""
     return (q.dtype == torch.float32 and pool.dtype == torch.float32 and pool_scale is None
             and q.device.type == "cpu" and q.shape[-1] % 8 == 0 and pool.stride(-1) == 1
-            and not torch.compiler.is_compiling() and unavailable() is None)
+            and not torch.compiler.is_compiling() and not row_gemm.tracks_grad(q) and unavailable() is None)
 
 
 def decode_attention(q: torch.Tensor, pool: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,

@@ -2,20 +2,15 @@
 // at a fraction of the memory bandwidth. W stays as loaded ([N, K] row-major), so the same
 // weights serve torch's matmul for prefill. W is float32 (row_gemm_f32) or int8 with one float32
 // scale per output row (row_gemm_i8w, weight-only int8: a quarter of the bytes to read; each
-// int8 weight is widened to float32 exactly, so only the weight's own rounding differs). Each output is one dot product along K, accumulated
-// in 8 lanes in K order then summed the same way for every row count: a row's result does not
-// depend on which other rows share the call (batch-invariant).
+// int8 weight is widened to float32 exactly, so only the weight's own rounding differs). Each
+// output is one dot product along K, accumulated in 8 lanes in K order then summed the same way
+// for every row count: a row's result does not depend on which other rows share the call
+// (batch-invariant).
+#include "simd.h"
 #include <immintrin.h>
 #include <stdint.h>
 
 #include <vector>
-
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 // eight weights as float32: loaded (float), or widened exactly (int8)
 static inline __m256 load8(const float* w) { return _mm256_loadu_ps(w); }

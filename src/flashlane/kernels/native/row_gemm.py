@@ -63,8 +63,14 @@ def takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, weig
     """Whether the native kernel runs ``x`` against ``weight`` (else the caller's torch path)."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     return (0 < rows <= MAX_ROWS and x.dtype == torch.float32 and weight.dtype == weight_dtype
-            and x.device.type == "cpu" and not x.requires_grad and not weight.requires_grad
-            and (bias is None or (bias.dtype == torch.float32 and not bias.requires_grad)))
+            and x.device.type == "cpu" and (bias is None or bias.dtype == torch.float32)
+            and not tracks_grad(x, weight, bias))
+
+
+def tracks_grad(*tensors: torch.Tensor | None) -> bool:
+    """Whether autograd would record an op on these (a ctypes call cannot be differentiated);
+    parameters that require grad are fine under no_grad / inference_mode, as when serving."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ import torch
 
 from ... import indexer, kda, kv_store, linear_plan, mhc, moe, norm, quant_matmul, rope, short_conv, sparse_mla
 from ...compiled import compiled as compiled_fn
-from ...native import norm_rope, paged_attention
+from ...native import decode_layer, norm_rope, paged_attention, row_gemm
 from ...sparse_mla_expanded import prefer_expanded, sparse_mla_expanded
 from ..base import KernelBackend, VarlenBatch
 from .dense_attention import AttentionPlan, dense_attention
@@ -45,6 +45,24 @@ def _kda_mixed(q, k, v, g, beta, rec_state, slots, fresh, meta: VarlenBatch) -> 
     return out
 
 
+# the int8 plan's kernels the whole-layer path runs itself, as the layer kernel's linear kinds
+_INT8_KINDS = {"native": "int8", "w8a8-native": "w8a8"}
+
+
+def _native_linear(module, rows: int) -> decode_layer.Linear | None:
+    """``module`` as the whole-layer kernel multiplies it: a linear whose plan format is native
+    (float32 weights as loaded), or an int8 one whose plan picks a native kernel at ``rows`` rows;
+    None for anything else (torch formats, other int8 kernels)."""
+    if getattr(module, "fmt", None) == "native":
+        return decode_layer.Linear("float32", module.weight, None, module.bias)
+    plan = getattr(module, "plan", None)
+    if getattr(module, "qweight", None) is not None and plan is not None:
+        kind = _INT8_KINDS.get(plan.kernel_for(rows))
+        if kind is not None:
+            return decode_layer.Linear(kind, module.qweight, module.scale, module.bias)
+    return None
+
+
 class CpuBackend(KernelBackend):
     """Plain-torch kernels (``flashlane/kernels/*.py``). They run on any torch device; on CPU they
     are the fast path, elsewhere the reference."""
@@ -58,7 +76,7 @@ class CpuBackend(KernelBackend):
         # this CPU: dense decode attention read from the paged pool in place, RMSNorm and
         # rotate-half RoPE. None: decided here, once.
         self._native_why_not = (paged_attention.unavailable() or norm_rope.unavailable()
-                                if self.device.type == "cpu" else f"device {self.device}")
+                                or decode_layer.unavailable() if self.device.type == "cpu" else f"device {self.device}")
         if native is None:
             native = self._native_why_not is None
         elif native and self._native_why_not:
@@ -66,7 +84,8 @@ class CpuBackend(KernelBackend):
         self.native = native
 
     def describe(self) -> str:
-        kernels = ("native decode attention (paged, in place), RMSNorm and RoPE" if self.native
+        kernels = ("native decode attention (paged, in place), RMSNorm and RoPE; whole llama decode layers "
+                   "in one call where their linears are native" if self.native
                    else f"torch SDPA decode attention ({self._native_why_not or 'native kernels off'})")
         return f"{self.name}: plain-torch kernels (flashlane.kernels) on {self.device}; {kernels}"
 
@@ -77,6 +96,29 @@ class CpuBackend(KernelBackend):
 
     def dense_attention(self, q, k, v, pool, pool_scale, meta, plan):
         return dense_attention(q, k, v, pool, pool_scale, meta, plan, self.native)
+
+    def dense_decoder_layer(self, layer, h, cos, sin, pool, pool_scale, meta, plan):
+        # only where each separate op would take its native path anyway: decode rows only (one
+        # attention group), few enough for the few-row linears, float32 activations and pool,
+        # linears that are native float32 or int8 with a native kernel for this row count
+        if not self.native or meta.static or len(plan.groups) != 1 or not plan.groups[0].every_row:
+            return None
+        rows = h.shape[0]
+        if (rows > row_gemm.MAX_ROWS or h.dtype != torch.float32 or pool_scale is not None
+                or pool.dtype != torch.float32 or layer.head_dim % 8 or torch.compiler.is_compiling()
+                or row_gemm.tracks_grad(h)):
+            return None
+        linears = [_native_linear(m, rows) for m in (layer.q_proj, layer.k_proj, layer.v_proj, layer.o_proj,
+                                                     layer.gate_proj, layer.up_proj, layer.down_proj)]
+        if None in linears:
+            return None
+        w = decode_layer.LayerWeights(layer.input_norm_weight, layer.post_norm_weight, layer.eps, linears,
+                                      layer.num_heads, layer.num_kv_heads, layer.head_dim)
+        if not w.ok:
+            return None
+        g = plan.groups[0]
+        return decode_layer.decode_layer(h, w, cos, sin, pool, meta.slot_mapping, g.tables, g.lens, g.longest,
+                                         meta.page_size, layer.head_dim ** -0.5)
 
     # ---- KDA -------------------------------------------------------------------------------------
 

@@ -1,0 +1,153 @@
+// One llama decoder layer for a batch of decode rows (one new token per sequence) in a single
+// call: RMSNorm, q/k/v, RoPE, the new K|V written to the paged pool, attention over the pool,
+// o_proj + residual, RMSNorm, gate/up, SiLU * up, down + residual. The same kernels as the
+// separate calls (row_gemm, norm_rope, paged_attention), so the layer differs from them only in
+// softmax and SiLU, whose exp is this file's; what it saves is the ~13 Python-level calls and
+// their allocations per layer, which cost as much as the weights' reads at batch 1.
+#include "norm_rope.cpp"
+#include "paged_attention.cpp"
+#include "row_gemm.cpp"
+
+#include <math.h>
+
+#include <vector>
+
+// e^x for x <= 88.37: x = n ln2 + r with |r| <= ln2 / 2, e^r by a degree-7 polynomial
+// (Taylor, relative error ~2e-7 on that interval), 2^n into the exponent bits
+static inline __m256 exp256(__m256 x) {
+    x = _mm256_min_ps(x, _mm256_set1_ps(88.37f));
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);       // ln2, high part
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);          // ln2, low part
+    static const float c[8] = {1.0f, 1.0f, 1.0f / 2, 1.0f / 6, 1.0f / 24, 1.0f / 120, 1.0f / 720, 1.0f / 5040};
+    __m256 p = _mm256_set1_ps(c[7]);
+    for (int i = 6; i >= 0; i--) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c[i]));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+static inline float exp1(float x) {
+    float in[8] = {x, 0, 0, 0, 0, 0, 0, 0}, out[8];
+    _mm256_storeu_ps(out, exp256(_mm256_loadu_ps(in)));
+    return out[0];
+}
+
+// p[0 : n] = softmax(s[0 : n]) in place
+static void softmax_row(float* s, int64_t n) {
+    float m = -INFINITY;
+    for (int64_t t = 0; t < n; t++) m = s[t] > m ? s[t] : m;
+    const __m256 vm = _mm256_set1_ps(m);
+    __m256 acc = _mm256_setzero_ps();
+    int64_t t = 0;
+    for (; t + 8 <= n; t += 8) {
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + t), vm));
+        _mm256_storeu_ps(s + t, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float sum = hsum(acc);
+    for (; t < n; t++) {
+        s[t] = exp1(s[t] - m);
+        sum += s[t];
+    }
+    const __m256 inv = _mm256_set1_ps(1.0f / sum);
+    for (t = 0; t + 8 <= n; t += 8) _mm256_storeu_ps(s + t, _mm256_mul_ps(_mm256_loadu_ps(s + t), inv));
+    for (; t < n; t++) s[t] *= 1.0f / sum;
+}
+
+// a = silu(g) * u = g / (1 + e^-g) * u
+static void silu_mul(const float* g, const float* u, float* a, int64_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + i);
+        const __m256 sig = _mm256_div_ps(gv, _mm256_add_ps(one, exp256(_mm256_sub_ps(zero, gv))));
+        _mm256_storeu_ps(a + i, _mm256_mul_ps(sig, _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) a[i] = g[i] / (1.0f + exp1(-g[i])) * u[i];
+}
+
+static void add(const float* a, const float* b, float* out, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+    for (; i < n; i++) out[i] = a[i] + b[i];
+}
+
+// one linear: float32 weights, int8 weights widened (weight-only), or int8 weights with int8
+// activations (W8A8); [out, in] row-major, bias may be null, scale: int8 kinds' per-row scales
+enum Kind : int32_t { F32 = 0, I8W = 1, W8A8 = 2 };
+struct Linear {
+    const void* w;
+    const float* scale;
+    const float* bias;
+    int32_t kind;
+};
+
+static void linear(const Linear& L, const float* x, int64_t M, int64_t K, int64_t N, float* out) {
+    if (L.kind == F32)
+        row_gemm_f32(x, M, K, (const float*)L.w, N, K, K, L.bias, out, N);
+    else if (L.kind == I8W)
+        row_gemm_i8w(x, M, K, (const int8_t*)L.w, L.scale, N, K, K, L.bias, out, N);
+    else
+        row_gemm_w8a8(x, M, K, (const int8_t*)L.w, L.scale, N, K, K, L.bias, out, N);
+}
+
+struct LayerWeights {
+    const float *ln1, *ln2;
+    Linear q, k, v, o, gate, up, down;
+};
+
+// h, out [M, D]; cos/sin [M, hd]; pool rows [K (Hkv x hd) | V (Hkv x hd)] (row_stride floats);
+// slots [M] pool rows of the new tokens; tables [M, table_stride], lens [M] (the new token
+// included), longest = max(lens)
+extern "C" void llama_decode_layer_f32(const float* h, int64_t M, int64_t D, int64_t I, const LayerWeights* w,
+                                       float eps, int64_t Hq, int64_t Hkv, int64_t hd, const float* cos_,
+                                       const float* sin_, float* pool, int64_t row_stride, const int64_t* slots,
+                                       const int64_t* tables, int64_t table_stride, const int64_t* lens,
+                                       int64_t longest, int64_t page, float scale, float* out) {
+    const int64_t nq = Hq * hd, nkv = Hkv * hd;
+    thread_local std::vector<float> buf;
+    buf.resize(M * (3 * D + 3 * nq + 3 * nkv + 3 * I + Hq * longest));
+    float* x = buf.data();                 // normed rows, [M, D]
+    float* h1 = x + M * D;                 // after attention, [M, D]
+    float* o = h1 + M * D;                 // o_proj / down_proj out, [M, D]
+    float* q = o + M * D;                  // [M, nq], then RoPE'd into qr
+    float* qr = q + M * nq;
+    float* att = qr + M * nq;              // attention out, [M, nq]
+    float* k = att + M * nq;               // [M, nkv], then RoPE'd into kr
+    float* kr = k + M * nkv;
+    float* v = kr + M * nkv;
+    float* g = v + M * nkv;                // [M, I]
+    float* u = g + M * I;
+    float* a = u + M * I;
+    float* sc = a + M * I;                 // one sequence's scores, [Hq, longest]
+
+    rms_norm_f32(h, M, D, D, w->ln1, eps, x);
+    linear(w->q, x, M, D, nq, q);
+    linear(w->k, x, M, D, nkv, k);
+    linear(w->v, x, M, D, nkv, v);
+    rope_half_f32(q, M, Hq, hd, nq, hd, cos_, sin_, qr);
+    rope_half_f32(k, M, Hkv, hd, nkv, hd, cos_, sin_, kr);
+    for (int64_t m = 0; m < M; m++) {
+        float* row = pool + slots[m] * row_stride;
+        for (int64_t i = 0; i < nkv; i++) row[i] = kr[m * nkv + i];
+        for (int64_t i = 0; i < nkv; i++) row[nkv + i] = v[m * nkv + i];
+    }
+    for (int64_t m = 0; m < M; m++) {      // one sequence at a time: its scores stay in cache
+        const int64_t* table = tables + m * table_stride;
+        paged_scores_f32(qr + m * nq, pool, row_stride, table, table_stride, lens + m, 1, Hq, Hkv, hd, page, scale,
+                         sc, longest);
+        for (int64_t hh = 0; hh < Hq; hh++) softmax_row(sc + hh * longest, lens[m]);
+        paged_values_f32(sc, pool, row_stride, table, table_stride, lens + m, 1, Hq, Hkv, hd, page, longest,
+                         att + m * nq);
+    }
+    linear(w->o, att, M, nq, D, o);
+    add(h, o, h1, M * D);
+    rms_norm_f32(h1, M, D, D, w->ln2, eps, x);
+    linear(w->gate, x, M, D, I, g);
+    linear(w->up, x, M, D, I, u);
+    silu_mul(g, u, a, M * I);
+    linear(w->down, a, M, I, D, o);
+    add(h1, o, out, M * D);
+}

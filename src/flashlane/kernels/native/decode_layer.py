@@ -1,0 +1,95 @@
+"""A whole llama decoder layer for decode rows in one native call (``decode_layer.cpp``): the
+cpu backend's ``dense_decoder_layer`` uses it where every piece would take the native path
+anyway (float32 weights kept as loaded, a float32 pool, up to ``row_gemm.MAX_ROWS`` rows, eager),
+and the model composes the separate ops otherwise."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from . import row_gemm
+from .build import load, why_unavailable
+
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+
+
+class _Linear(ctypes.Structure):
+    _fields_ = [("w", _P), ("scale", _P), ("bias", _P), ("kind", ctypes.c_int32)]
+
+
+class _Weights(ctypes.Structure):
+    _fields_ = [("ln1", _P), ("ln2", _P)] + [(n, _Linear) for n in ("q", "k", "v", "o", "gate", "up", "down")]
+
+
+# how a linear multiplies: float32 weights, int8 weights widened (the int8 plan's "native"), int8
+# weights and activations (its "w8a8-native"); the same kernels as the separate calls
+KINDS = {"float32": 0, "int8": 1, "w8a8": 2}
+
+
+@functools.lru_cache(maxsize=1)
+def _function():
+    fn = load("decode_layer", row_gemm.ARCH_FLAGS).llama_decode_layer_f32
+    fn.argtypes = [_P, _I, _I, _I, ctypes.POINTER(_Weights), ctypes.c_float, _I, _I, _I, _P, _P, _P, _I, _P, _P, _I,
+                   _P, _I, _I, ctypes.c_float, _P]
+    fn.restype = None
+    return fn
+
+
+@functools.lru_cache(maxsize=1)
+def unavailable() -> str | None:
+    """Why the kernel cannot run here (None: it can)."""
+    return why_unavailable(row_gemm.cpu_unavailable(), _function)
+
+
+def _plain(t: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> bool:
+    return t is None or (t.dtype == dtype and t.device.type == "cpu" and t.is_contiguous()
+                         and not row_gemm.tracks_grad(t))
+
+
+class Linear:
+    """One linear of the layer as the kernel takes it: ``kind`` (a ``KINDS`` key), the weight
+    [out, in] (float32, or int8 with float32 per-row ``scale``) and an optional bias."""
+
+    def __init__(self, kind: str, weight: torch.Tensor, scale: torch.Tensor | None = None,
+                 bias: torch.Tensor | None = None):
+        self.kind, self.weight, self.scale, self.bias = kind, weight, scale, bias
+        self.ok = (kind in KINDS and _plain(weight, torch.float32 if kind == "float32" else torch.int8)
+                   and _plain(bias) and (kind == "float32" or (scale is not None and _plain(scale))))
+
+    def struct(self) -> _Linear:
+        ptr = lambda t: None if t is None else t.data_ptr()   # noqa: E731
+        return _Linear(self.weight.data_ptr(), ptr(self.scale), ptr(self.bias), KINDS[self.kind])
+
+
+class LayerWeights:
+    """One layer's tensors in the kernel's order (q, k, v, o, gate, up, down ``Linear``s), checked
+    and addressed at construction, which is once per call: nothing is cached that a moved or
+    replaced weight could leave stale."""
+
+    def __init__(self, ln1: torch.Tensor, ln2: torch.Tensor, eps: float, linears: list[Linear],
+                 heads: int, kv_heads: int, head_dim: int):
+        q, gate = linears[0], linears[4]
+        self.ok = _plain(ln1) and _plain(ln2) and all(lin.ok for lin in linears)
+        self.tensors = (ln1, ln2, *linears)
+        self.eps, self.heads, self.kv_heads, self.head_dim = eps, heads, kv_heads, head_dim
+        self.hidden, self.intermediate = q.weight.shape[1], gate.weight.shape[0]
+        self.struct = _Weights(ln1.data_ptr(), ln2.data_ptr(), *(lin.struct() for lin in linears)) if self.ok else None
+
+
+def decode_layer(h: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin: torch.Tensor, pool: torch.Tensor,
+                 slots: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor, longest: int, page_size: int,
+                 scale: float) -> torch.Tensor:
+    """h [M, hidden] (one decode token per sequence) -> the layer's output [M, hidden]; writes the
+    tokens' K|V at pool rows ``slots`` (int64) and attends over ``lens[m]`` tokens through
+    ``tables[m]`` (int64, contiguous)."""
+    m = h.shape[0]
+    h, cos, sin = h.contiguous(), cos.contiguous(), sin.contiguous()
+    slots = slots if slots.dtype == torch.int64 and slots.is_contiguous() else slots.to(torch.int64).contiguous()
+    out = torch.empty_like(h)
+    _function()(h.data_ptr(), m, w.hidden, w.intermediate, ctypes.byref(w.struct), w.eps, w.heads, w.kv_heads,
+                w.head_dim, cos.data_ptr(), sin.data_ptr(), pool.data_ptr(), pool.stride(0), slots.data_ptr(),
+                tables.data_ptr(), tables.stride(0), lens.data_ptr(), longest, page_size, scale, out.data_ptr())
+    return out
