@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine_models import preset, random_prompts, tiny_llama
+from test_paged_attention import _reference as gather_and_sdpa
 from flashlane.engine.llm import LLM
 from flashlane.engine.sampling_params import SamplingParams
 from flashlane.kernels.backends.cpu.backend import CpuBackend
@@ -57,13 +58,7 @@ def _reference(h, w, cos, sin, pool, slots, tables, lens, page):
     k = apply_rope_rotate_half(mm(lk, x).view(m, kv, hd), cos, sin)
     v = mm(lv, x).view(m, kv, hd)
     pool[slots] = torch.cat((k.reshape(m, -1), v.reshape(m, -1)), -1)
-    t = int(lens.max())
-    pos = torch.arange(t)
-    rows = tables.gather(1, (pos // page).expand(m, -1)) * page + pos % page
-    hist = pool[rows].view(m, t, 2, kv, hd)
-    mask = (pos[None, :] < lens[:, None])[:, None, None, :]
-    att = F.scaled_dot_product_attention(q[:, :, None], hist[:, :, 0].transpose(1, 2), hist[:, :, 1].transpose(1, 2),
-                                         attn_mask=mask, enable_gqa=True)[:, :, 0]
+    att = gather_and_sdpa(q, pool, tables, lens, kv, page)
     h1 = h + mm(lo, att.reshape(m, -1))
     x2 = rms_norm(h1, ln2, w.eps)
     return h1 + mm(ld, F.silu(mm(lg, x2)) * mm(lu, x2))
