@@ -139,7 +139,9 @@ def requantized(gguf: Path, qtype: str) -> Path:
     """``gguf`` requantised to ``qtype`` once, cached beside flashlane's other caches."""
     from gguf_requant import requantize
 
-    root = Path(os.environ.get("FLASHLANE_CACHE") or Path.home() / ".cache" / "flashlane") / "gguf"
+    from flashlane.presets import cache_dir
+
+    root = cache_dir() / "gguf"
     out = root / f"{gguf.stem}.{qtype}.gguf"
     if not out.exists():
         root.mkdir(parents=True, exist_ok=True)

@@ -53,18 +53,20 @@ class LlamaAttention(nn.Module):
         self.v_proj = nn.Linear(h, self.num_kv * self.head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=bias)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                batch: ForwardBatch, plan: Any) -> torch.Tensor:
+    def pool(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """This layer's rows of the latent pool and their scales (None unless int8)."""
+        row = batch.cache.spec.latent_row(self.layer_id)
+        return batch.cache.layer("latent", row), batch.cache.layer("latent_scale", row)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch, plan: Any,
+                pool: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
+        """``pool``: ``self.pool(batch)``, looked up once by the decoder layer."""
         n, d = x.shape[0], self.head_dim
         ops = batch.ops
         q = ops.rope_rotate_half(self.q_proj(x).view(n, self.num_heads, d), cos, sin)
         k = ops.rope_rotate_half(self.k_proj(x).view(n, self.num_kv, d), cos, sin)
         v = self.v_proj(x).view(n, self.num_kv, d)
-        cache = batch.cache
-        row = cache.spec.latent_row(self.layer_id)
-        pool = cache.layer("latent", row)
-        scale = cache.layer("latent_scale", row)
-        out = ops.dense_attention(q, k, v, pool, scale, batch, plan)
+        out = ops.dense_attention(q, k, v, *pool, batch, plan)
         return self.o_proj(out.reshape(n, -1))
 
 
@@ -84,17 +86,15 @@ class LlamaDecoderLayer(nn.Module):
                                  attn.head_dim)
 
     def forward(self, h, batch, cos, sin, plan):
-        cache = batch.cache
-        row = cache.spec.latent_row(self.self_attn.layer_id)
+        pool = self.self_attn.pool(batch)
         with profiling_range("decoder_layer"):
-            out = batch.ops.dense_decoder_layer(self.parts(), h, cos, sin, cache.layer("latent", row),
-                                                cache.layer("latent_scale", row), batch, plan)
+            out = batch.ops.dense_decoder_layer(self.parts(), h, cos, sin, *pool, batch, plan)
         if out is not None:
             return out
         with profiling_range("norm"):
             x = self.input_layernorm(h, batch.ops)
         with profiling_range("attention"):
-            h = h + self.self_attn(x, cos, sin, batch, plan)
+            h = h + self.self_attn(x, cos, sin, batch, plan, pool)
         with profiling_range("norm"):
             x = self.post_attention_layernorm(h, batch.ops)
         return h + self.mlp(x, batch.ops)   # the MLP opens its own range

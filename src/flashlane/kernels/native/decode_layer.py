@@ -1,7 +1,7 @@
 """A whole llama decoder layer for decode rows in one native call (``decode_layer.cpp``): the
 cpu backend's ``dense_decoder_layer`` uses it where every piece would take the native path
-anyway (float32 weights kept as loaded, a float32 pool, up to ``row_gemm.MAX_ROWS`` rows, eager),
-and the model composes the separate ops otherwise."""
+anyway (linears native float32 or int8 with a native kernel, a float32 pool, up to
+``row_gemm.MAX_ROWS`` rows, eager), and the model composes the separate ops otherwise."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """``x @ W^T + b`` for up to ``MAX_ROWS`` rows of float32 x through ``row_gemm.cpp`` (AVX2 + FMA),
-on the weight as loaded: float32 (``linear``) or int8 with per-row scales (``int8_linear``,
-weight-only). Faster than torch's sgemm where the rows are few (decode) and
-batch-invariant; more rows go to torch. Single-threaded: the linear plan only picks it where a
+on the weight as loaded: float32 (``linear``) or int8 with per-row scales (``int8_linear``:
+weight-only, or with int8 activations, W8A8). Faster than torch's sgemm where the rows are few
+(decode) and batch-invariant; more rows go to torch. Single-threaded: the linear plan only picks it where a
 start-up timing at the engine's thread count finds it faster."""
 
 from __future__ import annotations

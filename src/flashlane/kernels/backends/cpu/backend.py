@@ -105,7 +105,8 @@ class CpuBackend(KernelBackend):
             return None
         rows = h.shape[0]
         if (rows > row_gemm.MAX_ROWS or h.dtype != torch.float32 or pool_scale is not None
-                or pool.dtype != torch.float32 or layer.head_dim % 8 or torch.compiler.is_compiling()
+                or pool.dtype != torch.float32 or pool.stride(-1) != 1 or layer.head_dim % 8
+                or torch.compiler.is_compiling()
                 or row_gemm.tracks_grad(h)):
             return None
         linears = [_native_linear(m, rows) for m in (layer.q_proj, layer.k_proj, layer.v_proj, layer.o_proj,
