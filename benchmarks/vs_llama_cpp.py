@@ -178,7 +178,7 @@ def parse_args(argv: list[str] | None = None):
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                     help="flashlane's dtype (default auto: its default configuration)")
     ap.add_argument("--gguf", default=None, help="GGUF file (default: the shipped SmolLM2-135M)")
-    ap.add_argument("--quantization", default=None, choices=["int8", "w8a8"],
+    ap.add_argument("--quantization", default=None, choices=["int8", "w8a8", "gguf"],
                     help="flashlane's weight quantization (default: none, its default configuration)")
     ap.add_argument("--llama-weights", default="shipped", choices=["shipped", "F32", "Q8_0"],
                     help="llama.cpp's weights: the GGUF as shipped, or requantised to F32 / Q8_0")

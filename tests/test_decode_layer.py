@@ -15,6 +15,7 @@ from engine_models import preset, random_prompts, tiny_llama
 from test_paged_attention import _reference as gather_and_sdpa
 from flashlane.engine.llm import LLM
 from flashlane.engine.sampling_params import SamplingParams
+from flashlane.kernels import gguf_blocks
 from flashlane.kernels.backends.cpu.backend import CpuBackend
 from flashlane.kernels.native import decode_layer
 from flashlane.kernels.norm import rms_norm
@@ -50,6 +51,9 @@ def _reference(h, w, cos, sin, pool, slots, tables, lens, page):
     def mm(lin, x):
         if lin.kind == "float32":
             return F.linear(x, lin.weight, lin.bias)
+        if lin.kind in gguf_blocks.BYTES:          # repacked GGUF blocks: the torch block product
+            blocks = gguf_blocks.unrepack(lin.kind, lin.weight, lin.out_features)
+            return gguf_blocks.block_linear(x, lin.kind, blocks, lin.bias)
         kernel = int8_linear_reference if lin.kind == "int8" else w8a8_linear
         return kernel(x, lin.weight, lin.scale, lin.bias)
 

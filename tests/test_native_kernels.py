@@ -83,7 +83,7 @@ def test_a_cpu_without_avx2_is_refused_by_name(monkeypatch):
     from flashlane.kernels import cpu_caps
 
     monkeypatch.setattr(row_gemm, "detect_cpu_caps", lambda: cpu_caps.CpuCaps("DEFAULT", frozenset({"sse4_2"})))
-    assert row_gemm.unavailable() == "the CPU lacks avx2 and fma"
+    assert row_gemm.unavailable() == "the CPU lacks avx2, fma, f16c"
     monkeypatch.setattr(row_gemm, "detect_cpu_caps", lambda: cpu_caps.CpuCaps("DEFAULT"))
     assert "capability DEFAULT" in row_gemm.unavailable()
 

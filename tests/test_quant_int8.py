@@ -21,7 +21,7 @@ from flashlane.models.quantize import KERNEL_ENV, Int8Embedding, Int8Experts, In
 
 from engine_models import preset, random_prompts, small_glm, tiny_llama
 
-AVX2 = CpuCaps("AVX2", frozenset({"avx", "avx2", "fma"}))
+AVX2 = CpuCaps("AVX2", frozenset({"avx", "avx2", "fma", "f16c"}))
 AVX512_VNNI = CpuCaps("AVX512", frozenset({"avx512f", "avx512_vnni"}))
 AMX = CpuCaps("AVX512", frozenset({"avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16"}))
 

@@ -127,10 +127,12 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-threads", type=_at_least_one, default=None,
                    help="torch CPU threads (default: the CPUs not busy at start-up less one, at least 1; "
                         "printed at start)")
-    p.add_argument("--quantization", choices=["int8", "w8a8"], default=None,
+    p.add_argument("--quantization", choices=["int8", "w8a8", "gguf"], default=None,
                    help="int8 weights for every linear, the MoE experts and the LM head; w8a8 also "
                         "quantises activations per token where that measures faster (prefill on "
-                        "VNNI/AMX CPUs); the kernel choice is printed at start-up (default: none)")
+                        "VNNI/AMX CPUs); gguf (a .gguf model only) keeps the file's Q4_1/Q8_0 blocks and "
+                        "quantises activations per block of 32, as llama.cpp does; the kernel choice is "
+                        "printed at start-up (default: none)")
     p.add_argument("--kernel-backend", default=d.kernel_backend, metavar="NAME",
                    help="kernels the model ops run on: auto (the preferred backend for the device) or a "
                         "registered backend name (built in: cpu, the plain-torch kernels); the choice is "

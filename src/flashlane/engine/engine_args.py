@@ -29,7 +29,8 @@ class EngineArgs:
     num_threads: int | None = None       # torch intra-op threads (CPU)
     compile: bool = False                # static-graph decode (torch.compile per batch bucket) + compiled mHC
     compile_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)   # decode batch buckets compiled (compile=True)
-    quantization: str | None = None      # int8 (weight-only) | w8a8 (+ dynamic int8 activations); in place
+    quantization: str | None = None      # int8 (weight-only) | w8a8 (+ dynamic int8 activations) | gguf (the
+                                         # .gguf file's Q4_1/Q8_0 blocks kept); in place
     kv_cache_dtype: str = "auto"         # latent/KV + index-key pools: auto (model dtype) | bfloat16 | int8
     index_topk: int | None = None        # sparse-attention selection size, overriding the config's
     skip_tokenizer_init: bool = False    # no tokenizer: prompts and outputs are token ids (text stays empty)
@@ -71,8 +72,11 @@ class EngineArgs:
         for name in ("page_size", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.quantization not in (None, "int8", "w8a8"):
-            raise ValueError(f"quantization must be None, 'int8' or 'w8a8', got {self.quantization!r}")
+        if self.quantization not in (None, "int8", "w8a8", "gguf"):
+            raise ValueError(f"quantization must be None, 'int8', 'w8a8' or 'gguf', got {self.quantization!r}")
+        if self.quantization == "gguf" and self.compile:
+            raise ValueError("quantization 'gguf' runs native block kernels, which static graphs (compile=True) "
+                             "cannot trace; choose one of the two")
         if self.kv_cache_dtype not in ("auto", "bfloat16", "int8"):
             raise ValueError(f"kv_cache_dtype must be auto, bfloat16 or int8, got {self.kv_cache_dtype!r}")
         if self.index_topk is not None and (isinstance(self.index_topk, bool) or not isinstance(self.index_topk, int)

@@ -18,6 +18,7 @@ from ..models.loader import auto_cpu_dtype_choice
 from ..models.packed_linear import PackReport, pack_linears
 from ..models.protocol import CausalLM, Compilable
 from ..models.protocol import MtpDrafter as MtpDrafterModel
+from ..models.gguf_blocks import GgufReport, keep_gguf_blocks
 from ..models.quantize import Int8Embedding, quantize, weight_bytes
 from .cache.fingerprint import weights_fingerprint
 from .cache.manager import CacheManager, CachePlan, plan_cache
@@ -101,8 +102,11 @@ class LLMEngine:
             raise TypeError(f"{type(model.model).__name__} is not a CausalLM (forward(batch), compute_logits(hidden))")
         self.model: CausalLM = model.model
         self.dtype = _model_dtype(self.model)
-        self.quant = (quantize(self.model, args.quantization, device=args.device, ops=self.ops)
-                      if args.quantization else None)
+        if args.quantization == "gguf":
+            self.quant = keep_gguf_blocks(self.model, getattr(model, "path", None), self.ops)
+        else:
+            self.quant = (quantize(self.model, args.quantization, device=args.device, ops=self.ops)
+                          if args.quantization else None)
         if isinstance(self.model, Compilable):
             self.model.set_compile(args.compile)
         self.config = model.config
@@ -121,8 +125,8 @@ class LLMEngine:
             plan = LinearPlan("aten", f"compile: Inductor lays out the weights of a compiled step (linear_kernel "
                                       f"{args.linear_kernel!r} not applied)")
         elif args.quantization:
-            plan = LinearPlan("aten", f"quantization {args.quantization}: the linears are int8 (linear_kernel "
-                                      f"{args.linear_kernel!r} not applied)")
+            plan = LinearPlan("aten", f"quantization {args.quantization}: the linears are quantised "
+                                      f"(linear_kernel {args.linear_kernel!r} not applied)")
         elif args.linear_kernel == "auto" and not loaded_here:
             plan = LinearPlan("aten", "auto leaves a model object it was given as loaded (linear_kernel "
                                       "'onednn' packs it in place)")
@@ -217,6 +221,8 @@ class LLMEngine:
         q = self.quant
         if q is None:
             return None
+        if isinstance(q, GgufReport):
+            return q.as_dict()
         return {"method": q.method, "linears": q.linears, "experts": q.experts, "expert_layers": q.expert_layers,
                 "head": q.head, "embeddings": q.embeddings, "bytes_before": q.bytes_before, "bytes_after": q.bytes_after,
                 "kernels": q.plan.by_class(), "why": q.plan.why}

@@ -112,29 +112,54 @@ def unpermute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
+def hf_name(gguf_name: str) -> str:
+    """The transformers llama name of a GGUF tensor."""
+    if gguf_name in _TOP_NAMES:
+        return _TOP_NAMES[gguf_name]
+    parts = gguf_name.split(".", 2)
+    if len(parts) != 3 or parts[0] != "blk" or parts[2] not in _LAYER_NAMES:
+        raise GGUFError(f"GGUF tensor {gguf_name} has no llama counterpart")
+    return f"model.layers.{int(parts[1])}.{_LAYER_NAMES[parts[2]]}"
+
+
+def _unpermuted(gguf_name: str, rows: torch.Tensor, cfg: dict[str, Any]) -> torch.Tensor:
+    """``rows`` (one per output row: values or raw blocks) in the transformers order."""
+    if gguf_name.endswith(("attn_q.weight", "attn_q.bias")):
+        return unpermute_qk(rows, cfg["num_attention_heads"])
+    if gguf_name.endswith(("attn_k.weight", "attn_k.bias")):
+        return unpermute_qk(rows, cfg["num_key_value_heads"])
+    return rows
+
+
 def gguf_tensors(reader, cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
     """All tensors, dequantised to float32, under transformers llama names."""
     from gguf import quants
 
     out: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
-        if t.name in _TOP_NAMES:
-            name = _TOP_NAMES[t.name]
-        else:
-            parts = t.name.split(".", 2)
-            if len(parts) != 3 or parts[0] != "blk" or parts[2] not in _LAYER_NAMES:
-                raise GGUFError(f"GGUF tensor {t.name} has no llama counterpart")
-            name = f"model.layers.{int(parts[1])}.{_LAYER_NAMES[parts[2]]}"
+        name = hf_name(t.name)
         try:
             data = quants.dequantize(t.data, t.tensor_type)
         except NotImplementedError as exc:
             raise GGUFError(f"GGUF tensor {t.name}: type {t.tensor_type.name} cannot be dequantised") from exc
-        w = torch.from_numpy(np.array(data, dtype=np.float32, copy=True))
-        if t.name.endswith("attn_q.weight") or t.name.endswith("attn_q.bias"):
-            w = unpermute_qk(w, cfg["num_attention_heads"])
-        elif t.name.endswith("attn_k.weight") or t.name.endswith("attn_k.bias"):
-            w = unpermute_qk(w, cfg["num_key_value_heads"])
-        out[name] = w
+        out[name] = _unpermuted(t.name, torch.from_numpy(np.array(data, dtype=np.float32, copy=True)), cfg)
+    return out
+
+
+# GGUF block types flashlane multiplies as they are stored (kernels.gguf_blocks)
+BLOCK_KINDS = {"Q4_1": "q4_1", "Q8_0": "q8_0"}
+
+
+def gguf_blocks(reader, cfg: dict[str, Any]) -> dict[str, tuple[str, torch.Tensor]]:
+    """The 2-D tensors stored in a ``BLOCK_KINDS`` type, under transformers llama names: (block
+    kind, the file's bytes as uint8 [rows, bytes per row], rows in the transformers order)."""
+    out: dict[str, tuple[str, torch.Tensor]] = {}
+    for t in reader.tensors:
+        kind = BLOCK_KINDS.get(t.tensor_type.name)
+        if kind is None or len(t.shape) != 2:
+            continue
+        raw = torch.from_numpy(np.array(t.data, dtype=np.uint8, copy=True))
+        out[hf_name(t.name)] = (kind, _unpermuted(t.name, raw, cfg).contiguous())
     return out
 
 

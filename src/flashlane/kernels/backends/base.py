@@ -210,6 +210,13 @@ class KernelBackend(ABC):
                     bias: torch.Tensor | None, plan: Any = None) -> torch.Tensor:
         """x @ (qweight * scale)^T + bias with int8 weights [out, in] and per-row scales [out]."""
 
+    @abstractmethod
+    def block_linear(self, x: torch.Tensor, kind: str, packed: torch.Tensor, out_features: int,
+                     bias: torch.Tensor | None) -> torch.Tensor:
+        """x @ W^T + bias with W [out_features, in] kept in a GGUF file's blocks of 32 (``kind``
+        "q4_1" or "q8_0"), repacked by 8 rows (``kernels.gguf_blocks.repack``), and the activations
+        quantised per block of 32, as llama.cpp does (``kernels.gguf_blocks`` is the reference)."""
+
     # ---- mHC ----------------------------------------------------------------------------------
 
     @abstractmethod

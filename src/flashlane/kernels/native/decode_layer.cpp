@@ -4,6 +4,7 @@
 // separate calls (row_gemm, norm_rope, paged_attention), so the layer differs from them only in
 // softmax and SiLU, whose exp is this file's; what it saves is the ~13 Python-level calls and
 // their allocations per layer, which cost as much as the weights' reads at batch 1.
+#include "block_gemm.cpp"
 #include "norm_rope.cpp"
 #include "paged_attention.cpp"
 #include "row_gemm.cpp"
@@ -74,9 +75,10 @@ static void add(const float* a, const float* b, float* out, int64_t n) {
     for (; i < n; i++) out[i] = a[i] + b[i];
 }
 
-// one linear: float32 weights, int8 weights widened (weight-only), or int8 weights with int8
-// activations (W8A8); [out, in] row-major, bias may be null, scale: int8 kinds' per-row scales
-enum Kind : int32_t { F32 = 0, I8W = 1, W8A8 = 2 };
+// one linear: float32 weights, int8 weights widened (weight-only), int8 weights with int8
+// activations (W8A8), or GGUF Q4_1 / Q8_0 blocks repacked by 8 rows (block_gemm.cpp); [out, in]
+// row-major, bias may be null, scale: int8 kinds' per-row scales (the block kinds carry theirs)
+enum Kind : int32_t { F32 = 0, I8W = 1, W8A8 = 2, GGUF_Q4_1 = 3, GGUF_Q8_0 = 4 };
 struct Linear {
     const void* w;
     const float* scale;
@@ -89,8 +91,12 @@ static void linear(const Linear& L, const float* x, int64_t M, int64_t K, int64_
         row_gemm_f32(x, M, K, (const float*)L.w, N, K, K, L.bias, out, N);
     else if (L.kind == I8W)
         row_gemm_i8w(x, M, K, (const int8_t*)L.w, L.scale, N, K, K, L.bias, out, N);
-    else
+    else if (L.kind == W8A8)
         row_gemm_w8a8(x, M, K, (const int8_t*)L.w, L.scale, N, K, K, L.bias, out, N);
+    else if (L.kind == GGUF_Q4_1)
+        block_gemm_q4_1(x, M, K, (const uint8_t*)L.w, N, K, L.bias, out, N);
+    else
+        block_gemm_q8_0(x, M, K, (const uint8_t*)L.w, N, K, L.bias, out, N);
 }
 
 struct LayerWeights {

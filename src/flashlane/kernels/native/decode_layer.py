@@ -10,6 +10,7 @@ import functools
 
 import torch
 
+from ..gguf_blocks import BLOCK, BYTES, GROUP
 from . import row_gemm
 from .build import load, why_unavailable
 
@@ -25,8 +26,11 @@ class _Weights(ctypes.Structure):
 
 
 # how a linear multiplies: float32 weights, int8 weights widened (the int8 plan's "native"), int8
-# weights and activations (its "w8a8-native"); the same kernels as the separate calls
-KINDS = {"float32": 0, "int8": 1, "w8a8": 2}
+# weights and activations (its "w8a8-native"), GGUF blocks (``block_gemm``); the same kernels as
+# the separate calls
+KINDS = {"float32": 0, "int8": 1, "w8a8": 2, "q4_1": 3, "q8_0": 4}
+_WEIGHT_DTYPE = {"float32": torch.float32, "int8": torch.int8, "w8a8": torch.int8, "q4_1": torch.uint8,
+                 "q8_0": torch.uint8}
 
 
 @functools.lru_cache(maxsize=1)
@@ -51,13 +55,18 @@ def _plain(t: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> bool:
 
 class Linear:
     """One linear of the layer as the kernel takes it: ``kind`` (a ``KINDS`` key), the weight
-    [out, in] (float32, or int8 with float32 per-row ``scale``) and an optional bias."""
+    [out, in] (float32, int8 with float32 per-row ``scale``, or GGUF blocks repacked by 8 rows,
+    uint8 [ceil(out / 8), in / 32 * 8 * bytes], with ``out_features``) and an optional bias."""
 
     def __init__(self, kind: str, weight: torch.Tensor, scale: torch.Tensor | None = None,
-                 bias: torch.Tensor | None = None):
+                 bias: torch.Tensor | None = None, out_features: int | None = None):
         self.kind, self.weight, self.scale, self.bias = kind, weight, scale, bias
-        self.ok = (kind in KINDS and _plain(weight, torch.float32 if kind == "float32" else torch.int8)
-                   and _plain(bias) and (kind == "float32" or (scale is not None and _plain(scale))))
+        self.ok = (kind in KINDS and _plain(weight, _WEIGHT_DTYPE[kind]) and _plain(bias)
+                   and (kind not in ("int8", "w8a8") or (scale is not None and _plain(scale)))
+                   and (kind not in BYTES or out_features is not None))
+        blocks = kind in BYTES
+        self.in_features = weight.shape[1] // (GROUP * BYTES[kind]) * BLOCK if blocks else weight.shape[1]
+        self.out_features = out_features if blocks else weight.shape[0]
 
     def struct(self) -> _Linear:
         ptr = lambda t: None if t is None else t.data_ptr()   # noqa: E731
@@ -75,7 +84,7 @@ class LayerWeights:
         self.ok = _plain(ln1) and _plain(ln2) and all(lin.ok for lin in linears)
         self.tensors = (ln1, ln2, *linears)
         self.eps, self.heads, self.kv_heads, self.head_dim = eps, heads, kv_heads, head_dim
-        self.hidden, self.intermediate = q.weight.shape[1], gate.weight.shape[0]
+        self.hidden, self.intermediate = q.in_features, gate.out_features
         self.struct = _Weights(ln1.data_ptr(), ln2.data_ptr(), *(lin.struct() for lin in linears)) if self.ok else None
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from ... import indexer, kda, kv_store, linear_plan, mhc, moe, norm, quant_matmul, rope, short_conv, sparse_mla
+from ... import gguf_blocks, indexer, kda, kv_store, linear_plan, mhc, moe, norm, quant_matmul, rope, short_conv, sparse_mla
 from ...compiled import compiled as compiled_fn
-from ...native import decode_layer, norm_rope, paged_attention, row_gemm
+from ...native import block_gemm, decode_layer, norm_rope, paged_attention, row_gemm
 from ...sparse_mla_expanded import prefer_expanded, sparse_mla_expanded
 from ..base import KernelBackend, VarlenBatch
 from .dense_attention import AttentionPlan, dense_attention
@@ -51,10 +51,12 @@ _INT8_KINDS = {"native": "int8", "w8a8-native": "w8a8"}
 
 def _native_linear(module, rows: int) -> decode_layer.Linear | None:
     """``module`` as the whole-layer kernel multiplies it: a linear whose plan format is native
-    (float32 weights as loaded), or an int8 one whose plan picks a native kernel at ``rows`` rows;
-    None for anything else (torch formats, other int8 kernels)."""
+    (float32 weights as loaded), one on GGUF blocks, or an int8 one whose plan picks a native
+    kernel at ``rows`` rows; None for anything else (torch formats, other int8 kernels)."""
     if getattr(module, "fmt", None) == "native":
         return decode_layer.Linear("float32", module.weight, None, module.bias)
+    if getattr(module, "packed", None) is not None:       # GGUF blocks (models.gguf_blocks)
+        return decode_layer.Linear(module.kind, module.packed, None, module.bias, module.out_features)
     plan = getattr(module, "plan", None)
     if getattr(module, "qweight", None) is not None and plan is not None:
         kind = _INT8_KINDS.get(plan.kernel_for(rows))
@@ -76,7 +78,8 @@ class CpuBackend(KernelBackend):
         # this CPU: dense decode attention read from the paged pool in place, RMSNorm and
         # rotate-half RoPE. None: decided here, once.
         self._native_why_not = (paged_attention.unavailable() or norm_rope.unavailable()
-                                or decode_layer.unavailable() if self.device.type == "cpu" else f"device {self.device}")
+                                or decode_layer.unavailable() or block_gemm.unavailable()
+                                if self.device.type == "cpu" else f"device {self.device}")
         if native is None:
             native = self._native_why_not is None
         elif native and self._native_why_not:
@@ -255,6 +258,11 @@ class CpuBackend(KernelBackend):
         if plan is None:
             return quant_matmul.int8_linear(x, qweight, scale, bias)
         return plan.linear(x, qweight, scale, bias)
+
+    def block_linear(self, x, kind, packed, out_features, bias):
+        if self.native and block_gemm.takes(x, packed, bias):
+            return block_gemm.block_linear(x, kind, packed, out_features, bias)
+        return gguf_blocks.block_linear(x, kind, gguf_blocks.unrepack(kind, packed, out_features), bias)
 
     # ---- mHC -------------------------------------------------------------------------------------
 
