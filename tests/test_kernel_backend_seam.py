@@ -33,6 +33,9 @@ ALLOWED_KERNEL_IMPORTS = {
                                                        "FLASHLANE_INT8_KERNEL may pin",
     ("packed_linear.py", "flashlane.kernels.linear_plan"): "reordering the weights once at load (the multiply "
                                                            "goes through the backend's dense_linear)",
+    ("gguf_blocks.py", "flashlane.kernels.gguf_blocks"): "checking and repacking the file's blocks once at load, "
+                                                         "dequantising them for .weight (the multiply goes "
+                                                         "through the backend's block_linear)",
 }
 
 

@@ -47,7 +47,7 @@ class VarlenBatch(Protocol):
     def page_size(self) -> int: ...    # tokens per page of the paged pools
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)       # built per layer and step: no frozen-dataclass setattr cost
 class DenseDecoderLayer:
     """The parts of a pre-norm dense decoder layer (llama): RMSNorm -> GQA attention with
     rotate-half RoPE -> residual -> RMSNorm -> SwiGLU MLP -> residual, for a backend that runs the

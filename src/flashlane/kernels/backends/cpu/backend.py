@@ -65,6 +65,23 @@ def _native_linear(module, rows: int) -> decode_layer.Linear | None:
     return None
 
 
+def _identity(module) -> tuple:
+    """What ``_native_linear`` reads from ``module``, as identities and storage addresses, from the
+    module's own dicts (an nn.Module attribute lookup costs about a microsecond): equal keys mean
+    the same tensors at the same places, the same plan and format."""
+    d = module.__dict__
+    key = [id(module), d.get("fmt"), id(d.get("plan"))]
+    for held in (d["_parameters"], d["_buffers"]):
+        for t in held.values():
+            if t is not None:
+                key += (id(t), t.data_ptr())
+    return tuple(key)
+
+
+# whole-layer weight tables kept (see CpuBackend._layer_weights); a full table starts over
+_LAYER_TABLES = 4096
+
+
 class CpuBackend(KernelBackend):
     """Plain-torch kernels (``flashlane/kernels/*.py``). They run on any torch device; on CPU they
     are the fast path, elsewhere the reference."""
@@ -85,6 +102,7 @@ class CpuBackend(KernelBackend):
         elif native and self._native_why_not:
             raise ValueError(f"native kernels cannot run here: {self._native_why_not}")
         self.native = native
+        self._layer_tables: dict[tuple, decode_layer.LayerWeights | None] = {}
 
     def describe(self) -> str:
         kernels = ("native decode attention (paged, in place), RMSNorm and RoPE; whole llama decode layers "
@@ -112,17 +130,34 @@ class CpuBackend(KernelBackend):
                 or torch.compiler.is_compiling()
                 or row_gemm.tracks_grad(h)):
             return None
-        linears = [_native_linear(m, rows) for m in (layer.q_proj, layer.k_proj, layer.v_proj, layer.o_proj,
-                                                     layer.gate_proj, layer.up_proj, layer.down_proj)]
-        if None in linears:
-            return None
-        w = decode_layer.LayerWeights(layer.input_norm_weight, layer.post_norm_weight, layer.eps, linears,
-                                      layer.num_heads, layer.num_kv_heads, layer.head_dim)
-        if not w.ok:
+        w = self._layer_weights(layer, rows)
+        if w is None:
             return None
         g = plan.groups[0]
         return decode_layer.decode_layer(h, w, cos, sin, pool, meta.slot_mapping, g.tables, g.lens, g.longest,
                                          meta.page_size, layer.head_dim ** -0.5)
+
+    def _layer_weights(self, layer, rows: int) -> decode_layer.LayerWeights | None:
+        """The kernel's weight table for ``layer`` at ``rows`` rows (None: some linear has no native
+        kind), built once per set of tensors: the key holds every tensor's identity and address, so
+        a replaced or moved weight builds a new table, never reuses a stale pointer."""
+        mods = (layer.q_proj, layer.k_proj, layer.v_proj, layer.o_proj, layer.gate_proj, layer.up_proj,
+                layer.down_proj)
+        norms = (layer.input_norm_weight, layer.post_norm_weight)
+        key = (rows, layer.eps, layer.num_heads, layer.num_kv_heads, layer.head_dim,
+               id(norms[0]), norms[0].data_ptr(), id(norms[1]), norms[1].data_ptr(), *map(_identity, mods))
+        if key in self._layer_tables:
+            return self._layer_tables[key]
+        linears = [_native_linear(m, rows) for m in mods]
+        w = None
+        if None not in linears:
+            w = decode_layer.LayerWeights(*norms, layer.eps, linears, layer.num_heads, layer.num_kv_heads,
+                                          layer.head_dim)
+            w = w if w.ok else None
+        if len(self._layer_tables) >= _LAYER_TABLES:
+            self._layer_tables.clear()
+        self._layer_tables[key] = w
+        return w
 
     # ---- KDA -------------------------------------------------------------------------------------
 
