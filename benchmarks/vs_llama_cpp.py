@@ -12,12 +12,14 @@ The shipped file is Q4_1, which llama.cpp runs as it is (4.5 bits per weight) wh
 default dequantises it to float32 (32 bits): the issue's comparison, but not one of equal bytes.
 ``--llama-weights F32|Q8_0`` gives llama.cpp the same weights requantised (gguf-py,
 ``gguf_requant.py``; cached under ``$FLASHLANE_CACHE/gguf``) and ``--quantization int8`` gives
-flashlane int8 weights, so float32 meets F32 and int8 meets Q8_0 as well.
+flashlane int8 weights, so float32 meets F32 and int8 meets Q8_0 as well. ``--quantization gguf``
+runs flashlane on the file's own blocks too (the same bytes, the same kind of arithmetic).
 
     python benchmarks/vs_llama_cpp.py                 # -> benchmarks/results/vs_llama_cpp.json
     python benchmarks/vs_llama_cpp.py --llama-weights F32 --out benchmarks/results/vs_llama_cpp_f32.json
     python benchmarks/vs_llama_cpp.py --quantization int8 --llama-weights Q8_0 \
         --out benchmarks/results/vs_llama_cpp_int8.json
+    python benchmarks/vs_llama_cpp.py --quantization gguf --out benchmarks/results/vs_llama_cpp_gguf.json
     python benchmarks/vs_llama_cpp.py --quick --out /tmp/vs_llama_cpp.json
 """
 
