@@ -1,6 +1,7 @@
 """flashlane's native CPU kernels: the few-row linear (``row_gemm.cpp``) against a float64
 reference, batch-invariant, torch's linear beyond its rows; RMSNorm and RoPE (``norm_rope.cpp``)
-against their torch formulas; and the build's failure reasons. (Decode attention:
+against their torch formulas; the mHC weights (``mhc_weights.cpp``) against theirs; and the
+build's failure reasons. (Decode attention:
 test_paged_attention.py.)"""
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from flashlane.kernels import norm, rope
-from flashlane.kernels.native import build, norm_rope, row_gemm
+from flashlane.kernels.mhc import hc_pre, hc_weights
+from flashlane.kernels.native import build, mhc_weights, norm_rope, row_gemm
 
 WHY_NOT = row_gemm.unavailable()
 needs_native = pytest.mark.skipif(WHY_NOT is not None, reason=f"native kernel unavailable: {WHY_NOT}")
@@ -131,3 +133,47 @@ def test_norm_and_rope_decline_what_is_not_their_case():
     assert norm_rope.rope_rotate_half(q, torch.randn(2, 6), torch.randn(2, 6)) is None
     assert norm_rope.rope_rotate_half(q.double(), torch.randn(2, 8), torch.randn(2, 8)) is None
     assert norm_rope.rope_rotate_half(torch.randn(2, 3, 7), torch.randn(2, 7), torch.randn(2, 7)) is None
+
+
+# ---- mHC weights (mhc_weights.cpp) ----------------------------------------------------------------
+
+MHC_WHY_NOT = mhc_weights.unavailable()
+needs_mhc = pytest.mark.skipif(MHC_WHY_NOT is not None, reason=f"native kernel unavailable: {MHC_WHY_NOT}")
+
+
+@needs_mhc
+@pytest.mark.parametrize("n, iters", [(4, 20), (2, 1), (6, 3)])
+def test_mhc_weights_match_the_torch_formulas_and_are_per_token(n, iters):
+    g = torch.Generator().manual_seed(n + iters)
+    mixed = 3 * torch.randn(300, (2 + n) * n, generator=g)
+    base, scale = torch.randn((2 + n) * n, generator=g), torch.rand(3, generator=g) + 0.5
+    got = mhc_weights.mhc_weights(mixed, n, base, scale, 1e-6, iters)
+    want = hc_weights(mixed, n, base, scale, 1e-6, iters)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    alone = mhc_weights.mhc_weights(mixed[17:18], n, base, scale, 1e-6, iters)
+    assert all(torch.equal(a, b[17:18]) for a, b in zip(alone, got))
+
+
+@needs_mhc
+def test_mhc_weights_decline_what_they_cannot_run():
+    mixed, base, scale = torch.randn(3, 24, requires_grad=True), torch.randn(24), torch.ones(3)
+    assert mhc_weights.mhc_weights(mixed, 4, base, scale, 1e-6, 20) is None          # autograd would record
+    with torch.no_grad():
+        assert mhc_weights.mhc_weights(mixed, 4, base, scale, 1e-6, 20) is not None
+        assert mhc_weights.mhc_weights(mixed, 3, base, scale, 1e-6, 20) is None      # 24 != (2 + 3) * 3
+        assert mhc_weights.mhc_weights(mixed, 4, base, scale, 1e-6, 0) is None
+
+
+@needs_mhc
+def test_hc_pre_through_the_native_weights_matches_torch():
+    g = torch.Generator().manual_seed(3)
+    n, h = 4, 32
+    streams = torch.randn(9, n, h, generator=g)
+    fn, base = 0.05 * torch.randn((2 + n) * n, n * h, generator=g), torch.randn((2 + n) * n, generator=g)
+    scale = torch.rand(3, generator=g)
+    kw = dict(norm_eps=1e-5, hc_eps=1e-6, sinkhorn_iters=20)
+    want = hc_pre(streams, fn, base, scale, **kw)
+    got = hc_pre(streams, fn, base, scale, weights=mhc_weights.mhc_weights, **kw)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)

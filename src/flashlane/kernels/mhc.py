@@ -20,12 +20,27 @@ def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     return comb
 
 
+def hc_weights(mixed: torch.Tensor, n: int, base: torch.Tensor, scale: torch.Tensor, hc_eps: float,
+               sinkhorn_iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The per-token weights from the mixed projection [N, (2+n)n] fp32: (pre [N, n], post [N, n],
+    comb [N, n, n]), all fp32."""
+    a_pre, a_post, a_comb = mixed.split([n, n, n * n], dim=-1)
+    b_pre, b_post, b_comb = base.float().split([n, n, n * n])
+    s_pre, s_post, s_comb = scale.float().unbind(0)
+    pre = torch.sigmoid(a_pre * s_pre + b_pre) + hc_eps
+    post = 2 * torch.sigmoid(a_post * s_post + b_post)
+    comb = torch.softmax((a_comb * s_comb + b_comb).unflatten(-1, (n, n)), dim=-1) + hc_eps
+    return pre, post, sinkhorn(comb, sinkhorn_iters, hc_eps)
+
+
 def hc_pre(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, *,
-           norm_eps: float, hc_eps: float, sinkhorn_iters: int
+           norm_eps: float, hc_eps: float, sinkhorn_iters: int, weights=None
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """streams [N, n, H] -> (collapsed [N, H] in the streams' dtype, post [N, n] fp32, comb [N, n, n] fp32).
 
     ``fn`` [(2+n)n, n*H], ``base`` [(2+n)n], ``scale`` [3] = (pre, post, comb) scales.
+    ``weights``: another implementation of ``hc_weights`` (same arguments; None where it does
+    not take the call), e.g. the native kernel.
     """
     if streams.dim() != 3:
         raise ValueError(f"hc_pre: streams must be [tokens, n_streams, hidden], got {tuple(streams.shape)}")
@@ -36,13 +51,8 @@ def hc_pre(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: t
     flat = streams.reshape(streams.shape[0], -1).float()
     flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + norm_eps)
     mixed = F.linear(flat, fn.float())
-    a_pre, a_post, a_comb = mixed.split([n, n, n * n], dim=-1)
-    b_pre, b_post, b_comb = base.float().split([n, n, n * n])
-    s_pre, s_post, s_comb = scale.float().unbind(0)
-    pre = torch.sigmoid(a_pre * s_pre + b_pre) + hc_eps
-    post = 2 * torch.sigmoid(a_post * s_post + b_post)
-    comb = torch.softmax((a_comb * s_comb + b_comb).unflatten(-1, (n, n)), dim=-1) + hc_eps
-    comb = sinkhorn(comb, sinkhorn_iters, hc_eps)
+    found = None if weights is None else weights(mixed, n, base, scale, hc_eps, sinkhorn_iters)
+    pre, post, comb = found if found is not None else hc_weights(mixed, n, base, scale, hc_eps, sinkhorn_iters)
     collapsed = (pre.unsqueeze(-1) * streams).sum(1).to(streams.dtype)
     return collapsed, post, comb
 
@@ -53,4 +63,4 @@ def hc_post(y: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: to
     return post.to(dtype).unsqueeze(-1) * y.unsqueeze(-2) + torch.matmul(comb.to(dtype).transpose(-1, -2), streams)
 
 
-__all__ = ["sinkhorn", "hc_pre", "hc_post"]
+__all__ = ["sinkhorn", "hc_pre", "hc_post", "hc_weights"]

@@ -8,7 +8,7 @@ import torch
 
 from ... import gguf_blocks, indexer, kda, kv_store, linear_plan, mhc, moe, norm, quant_matmul, rope, short_conv, sparse_mla
 from ...compiled import compiled as compiled_fn
-from ...native import block_gemm, decode_layer, norm_rope, paged_attention, row_gemm
+from ...native import block_gemm, decode_layer, mhc_weights, norm_rope, paged_attention, row_gemm
 from ...sparse_mla_expanded import prefer_expanded, sparse_mla_expanded
 from ..base import KernelBackend, VarlenBatch
 from .dense_attention import AttentionPlan, dense_attention
@@ -95,7 +95,7 @@ class CpuBackend(KernelBackend):
         # this CPU: dense decode attention read from the paged pool in place, RMSNorm and
         # rotate-half RoPE. None: decided here, once.
         self._native_why_not = (paged_attention.unavailable() or norm_rope.unavailable()
-                                or decode_layer.unavailable() or block_gemm.unavailable()
+                                or decode_layer.unavailable() or block_gemm.unavailable() or mhc_weights.unavailable()
                                 if self.device.type == "cpu" else f"device {self.device}")
         if native is None:
             native = self._native_why_not is None
@@ -303,8 +303,12 @@ class CpuBackend(KernelBackend):
 
     def mhc_pre(self, streams, fn, base, scale, *, norm_eps, hc_eps, sinkhorn_iters, compiled=False):
         # inside a compiled graph the plain function is traced into it (as a nested compile would be)
-        f = compiled_fn(mhc.hc_pre) if compiled and not torch.compiler.is_compiling() else mhc.hc_pre
-        return f(streams, fn, base, scale, norm_eps=norm_eps, hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters)
+        if compiled and not torch.compiler.is_compiling():
+            return compiled_fn(mhc.hc_pre)(streams, fn, base, scale, norm_eps=norm_eps, hc_eps=hc_eps,
+                                           sinkhorn_iters=sinkhorn_iters)
+        # eager: the per-token weights in one native pass where it builds (~120 tiny torch ops)
+        return mhc.hc_pre(streams, fn, base, scale, norm_eps=norm_eps, hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters,
+                          weights=mhc_weights.mhc_weights if self.native else None)
 
     def mhc_post(self, y, streams, post, comb, *, compiled=False):
         f = compiled_fn(mhc.hc_post) if compiled and not torch.compiler.is_compiling() else mhc.hc_post
