@@ -1,7 +1,7 @@
 """flashlane's native CPU kernels: the few-row linear (``row_gemm.cpp``) against a float64
 reference, batch-invariant, torch's linear beyond its rows; RMSNorm and RoPE (``norm_rope.cpp``)
-against their torch formulas; the mHC weights (``mhc_weights.cpp``) against theirs; and the
-build's failure reasons. (Decode attention:
+against their torch formulas; the mHC weights (``mhc_weights.cpp``) against theirs; the KDA
+recurrence (``kda_recurrent.cpp``) against the torch one; and the build's failure reasons. (Decode attention:
 test_paged_attention.py.)"""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flashlane.kernels import norm, rope
+from flashlane.kernels import kda, norm, rope
 from flashlane.kernels.mhc import hc_pre, hc_weights
-from flashlane.kernels.native import build, mhc_weights, norm_rope, row_gemm
+from flashlane.kernels.native import build, kda_recurrent, mhc_weights, norm_rope, row_gemm
 
 WHY_NOT = row_gemm.unavailable()
 needs_native = pytest.mark.skipif(WHY_NOT is not None, reason=f"native kernel unavailable: {WHY_NOT}")
@@ -177,3 +177,63 @@ def test_hc_pre_through_the_native_weights_matches_torch():
     got = hc_pre(streams, fn, base, scale, weights=mhc_weights.mhc_weights, **kw)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+# ---- the KDA recurrence (kda_recurrent.cpp) -------------------------------------------------------
+
+KDA_WHY_NOT = kda_recurrent.unavailable()
+needs_kda = pytest.mark.skipif(KDA_WHY_NOT is not None, reason=f"native kernel unavailable: {KDA_WHY_NOT}")
+
+
+def _kda_inputs(lens, heads, dk, dv, seed):
+    g = torch.Generator().manual_seed(seed)
+    n = sum(lens)
+    q, k = torch.randn(n, heads, dk, generator=g), torch.randn(n, heads, dk, generator=g)
+    v, beta = torch.randn(n, heads, dv, generator=g), torch.rand(n, heads, generator=g)
+    gate = -2 * torch.rand(n, heads, dk, generator=g)
+    pool = 0.1 * torch.randn(9, heads, dk, dv, generator=g)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    return q, k, v, gate, beta, pool, cu
+
+
+@needs_kda
+@pytest.mark.parametrize("heads, dk, dv", [(4, 32, 32), (2, 12, 20), (3, 8, 5)])
+def test_kda_recurrence_matches_the_torch_recurrence_per_sequence(heads, dk, dv):
+    lens = [1, 37, 130, 1, 6]
+    q, k, v, gate, beta, pool, cu = _kda_inputs(lens, heads, dk, dv, seed=dk + dv)
+    slots, fresh = torch.tensor([3, 1, 5, 2, 7]), torch.tensor([False, True, False, True, False])
+    got_pool = pool.clone()
+    got = kda_recurrent.kda_varlen(q, k, v, gate, beta, got_pool, cu, slots, fresh)
+    for b, (s, e) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+        init = None if fresh[b] else pool[slots[b]][None]
+        want, state = kda.kda_recurrent(*(t[None, s:e] for t in (q, k, v, gate, beta)), init)
+        torch.testing.assert_close(got[s:e], want[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got_pool[slots[b]], state[0], rtol=1e-5, atol=1e-5)
+    untouched = [i for i in range(9) if i not in slots.tolist()]
+    assert torch.equal(got_pool[untouched], pool[untouched])
+
+
+@needs_kda
+def test_kda_recurrence_does_not_depend_on_the_batch_or_on_where_the_prefill_was_cut():
+    lens = [40, 9, 77]
+    q, k, v, gate, beta, pool, cu = _kda_inputs(lens, 4, 16, 16, seed=2)
+    slots, fresh = torch.tensor([1, 2, 3]), torch.tensor([True, True, True])
+    batched_pool = pool.clone()
+    batched = kda_recurrent.kda_varlen(q, k, v, gate, beta, batched_pool, cu, slots, fresh)
+    s, e = cu[2].item(), cu[3].item()
+    alone_pool = pool.clone()
+    parts = []
+    for a, z, first in ((s, s + 30, True), (s + 30, e, False)):       # the third prompt in two chunks
+        parts.append(kda_recurrent.kda_varlen(q[a:z], k[a:z], v[a:z], gate[a:z], beta[a:z], alone_pool,
+                                              torch.tensor([0, z - a]), slots[2:3], torch.tensor([first])))
+    assert torch.equal(torch.cat(parts), batched[s:e])
+    assert torch.equal(alone_pool[3], batched_pool[3])
+
+
+@needs_kda
+def test_kda_recurrence_declines_what_it_cannot_run():
+    q, k, v, gate, beta, pool, cu = _kda_inputs([3], 2, 8, 8, seed=1)
+    args = (torch.tensor([1]), torch.tensor([True]))
+    assert kda_recurrent.kda_varlen(q, k, v, gate, beta, pool.to(torch.bfloat16), cu, *args) is None
+    assert kda_recurrent.kda_varlen(q.requires_grad_(), k, v, gate, beta, pool, cu, *args) is None
+    assert kda_recurrent.kda_varlen(q, k, v, gate, beta, pool[:, :1], cu, *args) is None    # 1 head != 2

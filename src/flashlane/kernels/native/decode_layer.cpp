@@ -2,7 +2,7 @@
 // call: RMSNorm, q/k/v, RoPE, the new K|V written to the paged pool, attention over the pool,
 // o_proj + residual, RMSNorm, gate/up, SiLU * up, down + residual. The same kernels as the
 // separate calls (row_gemm, norm_rope, paged_attention), so the layer differs from them only in
-// softmax and SiLU, whose exp is this file's; what it saves is the ~13 Python-level calls and
+// softmax and SiLU, whose exp is simd.h's; what it saves is the ~13 Python-level calls and
 // their allocations per layer, which cost as much as the weights' reads at batch 1.
 #include "block_gemm.cpp"
 #include "norm_rope.cpp"
@@ -12,28 +12,6 @@
 #include <math.h>
 
 #include <vector>
-
-// e^x for x <= 88.37: x = n ln2 + r with |r| <= ln2 / 2, e^r by a degree-7 polynomial
-// (Taylor, relative error ~2e-7 on that interval), 2^n into the exponent bits
-static inline __m256 exp256(__m256 x) {
-    x = _mm256_min_ps(x, _mm256_set1_ps(88.37f));
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);       // ln2, high part
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);          // ln2, low part
-    static const float c[8] = {1.0f, 1.0f, 1.0f / 2, 1.0f / 6, 1.0f / 24, 1.0f / 120, 1.0f / 720, 1.0f / 5040};
-    __m256 p = _mm256_set1_ps(c[7]);
-    for (int i = 6; i >= 0; i--) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c[i]));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
-static inline float exp1(float x) {
-    float in[8] = {x, 0, 0, 0, 0, 0, 0, 0}, out[8];
-    _mm256_storeu_ps(out, exp256(_mm256_loadu_ps(in)));
-    return out[0];
-}
 
 // p[0 : n] = softmax(s[0 : n]) in place
 static void softmax_row(float* s, int64_t n) {

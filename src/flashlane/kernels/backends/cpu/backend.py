@@ -8,7 +8,7 @@ import torch
 
 from ... import gguf_blocks, indexer, kda, kv_store, linear_plan, mhc, moe, norm, quant_matmul, rope, short_conv, sparse_mla
 from ...compiled import compiled as compiled_fn
-from ...native import block_gemm, decode_layer, mhc_weights, norm_rope, paged_attention, row_gemm
+from ...native import block_gemm, decode_layer, kda_recurrent, mhc_weights, norm_rope, paged_attention, row_gemm
 from ...sparse_mla_expanded import prefer_expanded, sparse_mla_expanded
 from ..base import KernelBackend, VarlenBatch
 from .dense_attention import AttentionPlan, dense_attention
@@ -93,9 +93,11 @@ class CpuBackend(KernelBackend):
         self._rope_tables: dict[tuple[int, float], rope.RopeCache] = {}
         # flashlane's native kernels (kernels/native) for float32 eager work where they build on
         # this CPU: dense decode attention read from the paged pool in place, RMSNorm and
-        # rotate-half RoPE. None: decided here, once.
+        # rotate-half RoPE, the KDA recurrence, the mHC weights, GGUF block linears, whole llama
+        # decode layers. None: decided here, once.
         self._native_why_not = (paged_attention.unavailable() or norm_rope.unavailable()
                                 or decode_layer.unavailable() or block_gemm.unavailable() or mhc_weights.unavailable()
+                                or kda_recurrent.unavailable()
                                 if self.device.type == "cpu" else f"device {self.device}")
         if native is None:
             native = self._native_why_not is None
@@ -105,8 +107,9 @@ class CpuBackend(KernelBackend):
         self._layer_tables: dict[tuple, decode_layer.LayerWeights | None] = {}
 
     def describe(self) -> str:
-        kernels = ("native decode attention (paged, in place), RMSNorm and RoPE; whole llama decode layers "
-                   "in one call where their linears are native" if self.native
+        kernels = ("native decode attention (paged, in place), RMSNorm and RoPE, the KDA recurrence (prefill "
+                   "and decode), mHC weights, GGUF block linears; whole llama decode layers in one call where "
+                   "their linears are native" if self.native
                    else f"torch SDPA decode attention ({self._native_why_not or 'native kernels off'})")
         return f"{self.name}: plain-torch kernels (flashlane.kernels) on {self.device}; {kernels}"
 
@@ -171,6 +174,10 @@ class CpuBackend(KernelBackend):
 
     def kda(self, q, k, v, g, beta, rec_state, meta):
         slots, fresh = meta.state_slots, fresh_sequences(meta)
+        if self.native:       # every sequence token by token in one native call (prefill and decode)
+            out = kda_recurrent.kda_varlen(q, k, v, g, beta, rec_state, meta.cu_q, slots, fresh)
+            if out is not None:
+                return out
         if meta.is_decode:     # every sequence steps once: one batched recurrent step, no gathers
             return kda.kda_decode(q, k, v, g, beta, rec_state, slots, fresh)
         return _kda_mixed(q, k, v, g, beta, rec_state, slots, fresh, meta)

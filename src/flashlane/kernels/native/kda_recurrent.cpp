@@ -1,0 +1,97 @@
+// The KDA recurrence (kernels/kda.py) token by token for every sequence of a step, decode tokens
+// and prefill chunks alike, from and into each sequence's state row. Per head and token:
+//   q, k L2-normalised (eps 1e-6 inside the sqrt), q scaled by Dk^-0.5; a = exp(g)
+//   S <- diag(a) S;  u = beta (v - S^T k);  S <- S + k u^T;  o = S^T q
+// The state [Dk, Dv] of one head stays in L1 while the sequence's tokens pass: two sweeps over it
+// per token (decay + recall, then write + read-out), vectorised over Dv. At the small head dims of
+// the tiny presets this is far cheaper on a CPU than the chunked (WY) form, whose many small
+// matmuls and solves cost more in dispatch than in arithmetic; and a sequence's numbers no longer
+// depend on where its prefill was cut into chunks.
+#include "simd.h"
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+
+#include <vector>
+
+static inline float dot(const float* a, const float* b, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    float s = hsum(acc);
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static void decay(const float* g, int64_t n, float* a) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(a + i, exp256(_mm256_loadu_ps(g + i)));
+    for (; i < n; i++) a[i] = exp1(g[i]);
+}
+
+// one token of one head: S [Dk, Dv] in place, o [Dv]
+static void step(float* S, const float* q, const float* k, const float* v, const float* g, float beta, int64_t Dk,
+                 int64_t Dv, float* qn, float* kn, float* a, float* u, float* o) {
+    const float qs = 1.0f / sqrtf(dot(q, q, Dk) + 1e-6f) , ks = 1.0f / sqrtf(dot(k, k, Dk) + 1e-6f);
+    const float scale = 1.0f / sqrtf((float)Dk);
+    for (int64_t c = 0; c < Dk; c++) {
+        qn[c] = q[c] * qs * scale;
+        kn[c] = k[c] * ks;
+    }
+    decay(g, Dk, a);
+    for (int64_t j = 0; j < Dv; j++) u[j] = 0.0f;
+    for (int64_t c = 0; c < Dk; c++) {          // S <- diag(a) S, and S^T k on the way
+        float* row = S + c * Dv;
+        const __m256 ac = _mm256_set1_ps(a[c]), kc = _mm256_set1_ps(kn[c]);
+        int64_t j = 0;
+        for (; j + 8 <= Dv; j += 8) {
+            const __m256 s = _mm256_mul_ps(_mm256_loadu_ps(row + j), ac);
+            _mm256_storeu_ps(row + j, s);
+            _mm256_storeu_ps(u + j, _mm256_fmadd_ps(s, kc, _mm256_loadu_ps(u + j)));
+        }
+        for (; j < Dv; j++) {
+            row[j] *= a[c];
+            u[j] += row[j] * kn[c];
+        }
+    }
+    for (int64_t j = 0; j < Dv; j++) {
+        u[j] = beta * (v[j] - u[j]);
+        o[j] = 0.0f;
+    }
+    for (int64_t c = 0; c < Dk; c++) {          // S <- S + k u^T, and S^T q on the way
+        float* row = S + c * Dv;
+        const __m256 kc = _mm256_set1_ps(kn[c]), qc = _mm256_set1_ps(qn[c]);
+        int64_t j = 0;
+        for (; j + 8 <= Dv; j += 8) {
+            const __m256 s = _mm256_fmadd_ps(kc, _mm256_loadu_ps(u + j), _mm256_loadu_ps(row + j));
+            _mm256_storeu_ps(row + j, s);
+            _mm256_storeu_ps(o + j, _mm256_fmadd_ps(s, qc, _mm256_loadu_ps(o + j)));
+        }
+        for (; j < Dv; j++) {
+            row[j] += kn[c] * u[j];
+            o[j] += row[j] * qn[c];
+        }
+    }
+}
+
+// q, k, g [N, H, Dk], v [N, H, Dv], beta [N, H] (float32, contiguous); cu [B + 1] token offsets of
+// the B sequences; slots [B] their rows of the state pool [S, H, Dk, Dv] (updated in place); fresh
+// [B]: 1 where the sequence starts at position 0 (its row's content is ignored); out [N, H, Dv]
+extern "C" void kda_recurrent_f32(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                                  const int64_t* cu, int64_t B, const int64_t* slots, const uint8_t* fresh,
+                                  float* pool, int64_t H, int64_t Dk, int64_t Dv, float* out) {
+    thread_local std::vector<float> scratch;
+    scratch.resize(3 * Dk + Dv);
+    float *qn = scratch.data(), *kn = qn + Dk, *a = kn + Dk, *u = a + Dk;
+    for (int64_t b = 0; b < B; b++) {
+        float* state = pool + slots[b] * H * Dk * Dv;
+        if (fresh[b])
+            for (int64_t i = 0; i < H * Dk * Dv; i++) state[i] = 0.0f;
+        for (int64_t h = 0; h < H; h++)            // a head's state stays in L1 across the tokens
+            for (int64_t t = cu[b]; t < cu[b + 1]; t++) {
+                const int64_t hk = (t * H + h) * Dk, hv = (t * H + h) * Dv;
+                step(state + h * Dk * Dv, q + hk, k + hk, v + hv, g + hk, beta[t * H + h], Dk, Dv, qn, kn, a, u,
+                     out + hv);
+            }
+    }
+}
