@@ -1,7 +1,8 @@
 """flashlane's native CPU kernels: the few-row linear (``row_gemm.cpp``) against a float64
 reference, batch-invariant, torch's linear beyond its rows; RMSNorm and RoPE (``norm_rope.cpp``)
 against their torch formulas; the mHC weights (``mhc_weights.cpp``) against theirs; the KDA
-recurrence (``kda_recurrent.cpp``) against the torch one; and the build's failure reasons. (Decode attention:
+recurrence (``kda_recurrent.cpp``) and the short convolution (``short_conv.cpp``) against the
+torch ones; and the build's failure reasons. (Decode attention:
 test_paged_attention.py.)"""
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flashlane.kernels import kda, norm, rope
+from flashlane.kernels import kda, norm, rope, short_conv
 from flashlane.kernels.mhc import hc_pre, hc_weights
 from flashlane.kernels.native import build, kda_recurrent, mhc_weights, norm_rope, row_gemm
+from flashlane.kernels.native import short_conv as short_conv_native
 
 WHY_NOT = row_gemm.unavailable()
 needs_native = pytest.mark.skipif(WHY_NOT is not None, reason=f"native kernel unavailable: {WHY_NOT}")
@@ -237,3 +239,54 @@ def test_kda_recurrence_declines_what_it_cannot_run():
     assert kda_recurrent.kda_varlen(q, k, v, gate, beta, pool.to(torch.bfloat16), cu, *args) is None
     assert kda_recurrent.kda_varlen(q.requires_grad_(), k, v, gate, beta, pool, cu, *args) is None
     assert kda_recurrent.kda_varlen(q, k, v, gate, beta, pool[:, :1], cu, *args) is None    # 1 head != 2
+
+
+# ---- the short convolution (short_conv.cpp) ---------------------------------------------------------
+
+CONV_WHY_NOT = short_conv_native.unavailable()
+needs_conv = pytest.mark.skipif(CONV_WHY_NOT is not None, reason=f"native kernel unavailable: {CONV_WHY_NOT}")
+
+
+@needs_conv
+@pytest.mark.parametrize("channels, k", [(384, 4), (13, 3), (8, 2)])
+def test_short_conv_matches_the_torch_kernels(channels, k):
+    g = torch.Generator().manual_seed(channels + k)
+    lens = [1, 5, 2, 40, 1]
+    x, w = torch.randn(sum(lens), channels, generator=g), torch.randn(channels, 1, k, generator=g)
+    state = torch.randn(9, channels, k - 1, generator=g)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    slots, fresh = torch.tensor([3, 1, 5, 2, 7]), torch.tensor([False, True, False, True, False])
+    got_state, want_state = state.clone(), state.clone()
+    got = short_conv_native.short_conv_varlen(x, w, got_state, cu, slots, fresh)
+    want = short_conv.short_conv(x, w, want_state, slots, cu, fresh)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert torch.equal(got_state, want_state)                  # the newest inputs, copied
+    # decode tokens: the torch decode kernel
+    dec_state = state.clone()
+    step = torch.randn(3, channels, generator=g)
+    got_dec = short_conv_native.short_conv_varlen(step, w, got_state, torch.arange(4), slots[:3], fresh[:0].new_zeros(3))
+    want_dec = short_conv.short_conv_decode(step, w, want_state, slots[:3])
+    torch.testing.assert_close(got_dec, want_dec, rtol=1e-6, atol=1e-6)
+    assert torch.equal(got_state, want_state) and not torch.equal(dec_state, got_state)
+
+
+@needs_conv
+def test_short_conv_does_not_depend_on_where_the_prefill_was_cut():
+    g = torch.Generator().manual_seed(4)
+    x, w = torch.randn(50, 24, generator=g), torch.randn(24, 4, generator=g)
+    state = torch.zeros(2, 24, 3)
+    whole = short_conv_native.short_conv_varlen(x, w, state.clone(), torch.tensor([0, 50]), torch.tensor([1]),
+                                                torch.tensor([True]))
+    cut = state.clone()
+    parts = [short_conv_native.short_conv_varlen(x[a:z], w, cut, torch.tensor([0, z - a]), torch.tensor([1]),
+                                                 torch.tensor([a == 0])) for a, z in ((0, 2), (2, 31), (31, 50))]
+    assert torch.equal(torch.cat(parts), whole)
+
+
+@needs_conv
+def test_short_conv_declines_what_it_cannot_run():
+    x, w, state = torch.randn(3, 8), torch.randn(8, 4), torch.zeros(2, 8, 3)
+    args = (torch.tensor([0, 3]), torch.tensor([1]), torch.tensor([True]))
+    assert short_conv_native.short_conv_varlen(x, w, state.to(torch.bfloat16), *args) is None
+    assert short_conv_native.short_conv_varlen(x.requires_grad_(), w, state, *args) is None
+    assert short_conv_native.short_conv_varlen(x, w[:, :3], state, *args) is None          # K-1 != 3

@@ -9,6 +9,7 @@ import torch
 from ... import gguf_blocks, indexer, kda, kv_store, linear_plan, mhc, moe, norm, quant_matmul, rope, short_conv, sparse_mla
 from ...compiled import compiled as compiled_fn
 from ...native import block_gemm, decode_layer, kda_recurrent, mhc_weights, norm_rope, paged_attention, row_gemm
+from ...native import short_conv as short_conv_native
 from ...sparse_mla_expanded import prefer_expanded, sparse_mla_expanded
 from ..base import KernelBackend, VarlenBatch
 from .dense_attention import AttentionPlan, dense_attention
@@ -97,7 +98,7 @@ class CpuBackend(KernelBackend):
         # decode layers. None: decided here, once.
         self._native_why_not = (paged_attention.unavailable() or norm_rope.unavailable()
                                 or decode_layer.unavailable() or block_gemm.unavailable() or mhc_weights.unavailable()
-                                or kda_recurrent.unavailable()
+                                or kda_recurrent.unavailable() or short_conv_native.unavailable()
                                 if self.device.type == "cpu" else f"device {self.device}")
         if native is None:
             native = self._native_why_not is None
@@ -168,6 +169,11 @@ class CpuBackend(KernelBackend):
         return kda.kda_gate(f, dt_bias, A_log, lower_bound)
 
     def short_conv(self, x, weight, conv_state, meta):
+        if self.native:       # every sequence in one native call (prefill and decode)
+            out = short_conv_native.short_conv_varlen(x, weight, conv_state, meta.cu_q, meta.state_slots,
+                                                      fresh_sequences(meta))
+            if out is not None:
+                return out
         if meta.is_decode:
             return short_conv.short_conv_decode(x, weight, conv_state, meta.state_slots, fresh_sequences(meta))
         return short_conv.short_conv(x, weight, conv_state, meta.state_slots, meta.cu_q, fresh_sequences(meta))
