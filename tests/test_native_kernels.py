@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from flashlane.kernels import kda, norm, rope, short_conv
-from flashlane.kernels.mhc import hc_pre, hc_weights
+from flashlane.kernels.mhc import hc_post, hc_pre, hc_weights
 from flashlane.kernels.native import build, kda_recurrent, mhc_weights, norm_rope, row_gemm
 from flashlane.kernels.native import short_conv as short_conv_native
 
@@ -168,6 +168,17 @@ def test_mhc_weights_decline_what_they_cannot_run():
 
 
 @needs_mhc
+@pytest.mark.parametrize("tokens", [1, 5, 300])
+def test_hc_post_matches_the_torch_formula(tokens):
+    g = torch.Generator().manual_seed(tokens)
+    streams, y = torch.randn(tokens, 4, 40, generator=g), torch.randn(tokens, 40, generator=g)
+    post, comb = torch.rand(tokens, 4, generator=g), torch.rand(tokens, 4, 4, generator=g)
+    torch.testing.assert_close(mhc_weights.mhc_post(y, streams, post, comb), hc_post(y, streams, post, comb),
+                               rtol=1e-6, atol=1e-6)
+    assert mhc_weights.mhc_post(y.double(), streams.double(), post, comb) is None
+
+
+@needs_mhc
 def test_hc_pre_through_the_native_weights_matches_torch():
     g = torch.Generator().manual_seed(3)
     n, h = 4, 32
@@ -290,3 +301,21 @@ def test_short_conv_declines_what_it_cannot_run():
     assert short_conv_native.short_conv_varlen(x, w, state.to(torch.bfloat16), *args) is None
     assert short_conv_native.short_conv_varlen(x.requires_grad_(), w, state, *args) is None
     assert short_conv_native.short_conv_varlen(x, w[:, :3], state, *args) is None          # K-1 != 3
+
+
+def test_every_native_kernel_builds_where_the_cpu_and_a_compiler_allow():
+    """A kernel that stops compiling must fail here, not turn the backend's native path off and
+    leave every test of it skipped."""
+    if row_gemm.cpu_unavailable() is not None:
+        pytest.skip(f"this CPU runs no native kernel: {row_gemm.cpu_unavailable()}")
+    try:
+        build.compiler()
+    except build.NativeUnavailable as exc:
+        pytest.skip(str(exc))
+    from flashlane.kernels.backends.cpu.backend import CpuBackend
+    from flashlane.kernels.native import block_gemm, decode_layer, paged_attention
+
+    kernels = (row_gemm, norm_rope, paged_attention, decode_layer, block_gemm, mhc_weights, kda_recurrent,
+               short_conv_native)
+    assert {k.__name__: k.unavailable() for k in kernels} == {k.__name__: None for k in kernels}
+    assert CpuBackend().native

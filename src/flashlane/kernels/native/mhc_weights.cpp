@@ -1,55 +1,110 @@
-// The per-token weights of a manifold-constrained hyper-connection (kernels/mhc.py, hc_pre) from
-// the mixed projection of the normed streams: pre = sigmoid(a s + b) + eps, post = 2 sigmoid(.),
-// comb = softmax over each row of an n x n block + eps, then Sinkhorn (a column step, then
-// iters - 1 row and column rounds). In torch these are ~120 ops on [N, n, n] tensors of a few
-// floats each, about two thirds of a hyper-connected layer's eager time at one token; here one
-// pass per token, in the torch formulas' order of operations (multiply, then add; no FMA).
+// Manifold-constrained hyper-connections (kernels/mhc.py) where torch spends its time in op
+// dispatch rather than arithmetic:
+// - mhc_weights_f32: hc_pre's per-token weights from the mixed projection of the normed streams:
+//   pre = sigmoid(a s + b) + eps, post = 2 sigmoid(.), comb = softmax over each row of an n x n
+//   block + eps, then Sinkhorn (a column step, then iters - 1 row and column rounds): ~120 torch
+//   ops on [N, n, n] tensors of a few floats each. Eight tokens per vector (a short last group is
+//   padded, so a token's numbers do not depend on its neighbours), the torch formulas' order of
+//   operations (multiply, then add; divisions as divisions).
+// - mhc_post_f32: hc_post, X'[j] = post[j] y + sum_i comb[i, j] X[i], in one pass per token
+//   instead of an outer product, a batched matmul of 4 x 4 blocks and an add over [N, n, H].
+#include "simd.h"
+#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 
-static inline float sigmoid1(float x) { return 1.0f / (1.0f + expf(-x)); }
+#include <vector>
+
+static inline __m256 sigmoid8(__m256 x) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    return _mm256_div_ps(one, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+}
 
 // mixed [N, (2 + n) n] (a_pre | a_post | a_comb row-major); base [(2 + n) n]; scale = (pre, post,
 // comb); outputs pre [N, n], post [N, n], comb [N, n, n]
 extern "C" void mhc_weights_f32(const float* mixed, int64_t N, int64_t n, const float* base, const float* scale,
                                 float hc_eps, int64_t iters, float* pre, float* post, float* comb) {
     const int64_t width = (2 + n) * n;
-    for (int64_t t = 0; t < N; t++) {
-        const float* a = mixed + t * width;
-        float* pr = pre + t * n;
-        float* po = post + t * n;
-        float* c = comb + t * n * n;
+    thread_local std::vector<float> lanes;          // [width][8]: one token per lane
+    lanes.resize(width * 8);
+    float* v = lanes.data();
+    const __m256 eps = _mm256_set1_ps(hc_eps), two = _mm256_set1_ps(2.0f);
+    const __m256 s_pre = _mm256_set1_ps(scale[0]), s_post = _mm256_set1_ps(scale[1]), s_comb = _mm256_set1_ps(scale[2]);
+    auto at = [&](int64_t e) { return _mm256_loadu_ps(v + e * 8); };
+    auto put = [&](int64_t e, __m256 x) { _mm256_storeu_ps(v + e * 8, x); };
+    for (int64_t t0 = 0; t0 < N; t0 += 8) {
+        const int64_t count = N - t0 < 8 ? N - t0 : 8;
+        for (int64_t e = 0; e < width; e++)
+            for (int64_t l = 0; l < 8; l++) v[e * 8 + l] = l < count ? mixed[(t0 + l) * width + e] : 0.0f;
         for (int64_t i = 0; i < n; i++) {
-            pr[i] = sigmoid1(a[i] * scale[0] + base[i]) + hc_eps;
-            po[i] = 2.0f * sigmoid1(a[n + i] * scale[1] + base[n + i]);
+            put(i, _mm256_add_ps(sigmoid8(_mm256_add_ps(_mm256_mul_ps(at(i), s_pre), _mm256_set1_ps(base[i]))), eps));
+            put(n + i, _mm256_mul_ps(two, sigmoid8(_mm256_add_ps(_mm256_mul_ps(at(n + i), s_post),
+                                                                 _mm256_set1_ps(base[n + i])))));
         }
+        const int64_t c0 = 2 * n;                    // comb element (i, j) is entry c0 + i n + j
         for (int64_t i = 0; i < n; i++) {
-            float* row = c + i * n;
-            float m = -INFINITY;
+            __m256 m = _mm256_set1_ps(-INFINITY);
             for (int64_t j = 0; j < n; j++) {
-                row[j] = a[2 * n + i * n + j] * scale[2] + base[2 * n + i * n + j];
-                m = row[j] > m ? row[j] : m;
+                const int64_t e = c0 + i * n + j;
+                const __m256 z = _mm256_add_ps(_mm256_mul_ps(at(e), s_comb), _mm256_set1_ps(base[e]));
+                put(e, z);
+                m = _mm256_max_ps(m, z);
             }
-            float s = 0.0f;
+            __m256 s = _mm256_setzero_ps();
             for (int64_t j = 0; j < n; j++) {
-                row[j] = expf(row[j] - m);
-                s += row[j];
+                const __m256 z = exp256(_mm256_sub_ps(at(c0 + i * n + j), m));
+                put(c0 + i * n + j, z);
+                s = _mm256_add_ps(s, z);
             }
-            for (int64_t j = 0; j < n; j++) row[j] = row[j] / s + hc_eps;
+            for (int64_t j = 0; j < n; j++) put(c0 + i * n + j, _mm256_add_ps(_mm256_div_ps(at(c0 + i * n + j), s), eps));
         }
         for (int64_t round = 0; round < iters; round++) {
             if (round > 0)
                 for (int64_t i = 0; i < n; i++) {
-                    float s = 0.0f;
-                    for (int64_t j = 0; j < n; j++) s += c[i * n + j];
-                    s += hc_eps;
-                    for (int64_t j = 0; j < n; j++) c[i * n + j] /= s;
+                    __m256 s = _mm256_setzero_ps();
+                    for (int64_t j = 0; j < n; j++) s = _mm256_add_ps(s, at(c0 + i * n + j));
+                    s = _mm256_add_ps(s, eps);
+                    for (int64_t j = 0; j < n; j++) put(c0 + i * n + j, _mm256_div_ps(at(c0 + i * n + j), s));
                 }
             for (int64_t j = 0; j < n; j++) {
-                float s = 0.0f;
-                for (int64_t i = 0; i < n; i++) s += c[i * n + j];
-                s += hc_eps;
-                for (int64_t i = 0; i < n; i++) c[i * n + j] /= s;
+                __m256 s = _mm256_setzero_ps();
+                for (int64_t i = 0; i < n; i++) s = _mm256_add_ps(s, at(c0 + i * n + j));
+                s = _mm256_add_ps(s, eps);
+                for (int64_t i = 0; i < n; i++) put(c0 + i * n + j, _mm256_div_ps(at(c0 + i * n + j), s));
+            }
+        }
+        for (int64_t l = 0; l < count; l++) {
+            const int64_t t = t0 + l;
+            for (int64_t i = 0; i < n; i++) {
+                pre[t * n + i] = v[i * 8 + l];
+                post[t * n + i] = v[(n + i) * 8 + l];
+            }
+            for (int64_t e = 0; e < n * n; e++) comb[t * n * n + e] = v[(c0 + e) * 8 + l];
+        }
+    }
+}
+
+// y [N, H], streams X [N, n, H], post [N, n], comb [N, n, n] -> out [N, n, H]
+extern "C" void mhc_post_f32(const float* y, const float* X, const float* post, const float* comb, int64_t N,
+                             int64_t n, int64_t H, float* out) {
+    for (int64_t t = 0; t < N; t++) {
+        const float* yt = y + t * H;
+        const float* xt = X + t * n * H;
+        const float* ct = comb + t * n * n;
+        for (int64_t j = 0; j < n; j++) {
+            float* o = out + (t * n + j) * H;
+            const __m256 p = _mm256_set1_ps(post[t * n + j]);
+            int64_t h = 0;
+            for (; h + 8 <= H; h += 8) {
+                __m256 acc = _mm256_setzero_ps();
+                for (int64_t i = 0; i < n; i++)
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(ct[i * n + j]), _mm256_loadu_ps(xt + i * H + h), acc);
+                _mm256_storeu_ps(o + h, _mm256_add_ps(_mm256_mul_ps(p, _mm256_loadu_ps(yt + h)), acc));
+            }
+            for (; h < H; h++) {
+                float acc = 0.0f;
+                for (int64_t i = 0; i < n; i++) acc += ct[i * n + j] * xt[i * H + h];
+                o[h] = post[t * n + j] * yt[h] + acc;
             }
         }
     }

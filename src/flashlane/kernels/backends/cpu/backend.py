@@ -324,5 +324,7 @@ class CpuBackend(KernelBackend):
                           weights=mhc_weights.mhc_weights if self.native else None)
 
     def mhc_post(self, y, streams, post, comb, *, compiled=False):
-        f = compiled_fn(mhc.hc_post) if compiled and not torch.compiler.is_compiling() else mhc.hc_post
-        return f(y, streams, post, comb)
+        if compiled and not torch.compiler.is_compiling():
+            return compiled_fn(mhc.hc_post)(y, streams, post, comb)
+        out = mhc_weights.mhc_post(y, streams, post, comb) if self.native else None
+        return mhc.hc_post(y, streams, post, comb) if out is None else out
