@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine_models import tiny_llama
-from test_decode_layer import _reference as composed_layer
+from test_decode_layer import check_against_composed
 from test_gguf_tiny import _write_gguf
 from flashlane import presets
 from flashlane.engine.engine_args import EngineArgs
@@ -128,22 +128,7 @@ def test_decode_layer_on_block_linears_matches_the_composed_layer(kind):
     w = decode_layer.LayerWeights(1 + 0.1 * torch.randn(hidden, generator=g), 1 + 0.1 * torch.randn(hidden, generator=g),
                                   1e-5, linears, heads, kv, hd)
     assert w.ok and (w.hidden, w.intermediate) == (hidden, inter)
-    lens = torch.tensor([1, 37, 9])
-    m, pages = len(lens), 10
-    tables = torch.randperm(64, generator=g)[:m * pages].view(m, pages).contiguous()
-    slots = tables.gather(1, ((lens - 1) // page)[:, None])[:, 0] * page + (lens - 1) % page
-    pool = torch.randn(64 * page, 2 * kv * hd, generator=g)
-    h = torch.randn(m, hidden, generator=g)
-    pos = (lens - 1).float()[:, None] * torch.rand(hd // 2, generator=g)[None]
-    cos, sin = torch.cat((pos, pos), -1).cos(), torch.cat((pos, pos), -1).sin()
-    want_pool = pool.clone()
-    want = composed_layer(h, w, cos, sin, want_pool, slots, tables, lens, page)
-    got = decode_layer.decode_layer(h, w, cos, sin, pool, slots, tables, lens, int(lens.max()), page, hd ** -0.5)
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(pool, want_pool, rtol=1e-5, atol=1e-5)
-    alone = decode_layer.decode_layer(h[1:2], w, cos[1:2], sin[1:2], pool.clone(), slots[1:2], tables[1:2],
-                                      lens[1:2], int(lens[1]), page, hd ** -0.5)
-    assert torch.equal(alone, got[1:2])
+    check_against_composed(w, g, torch.tensor([1, 37, 9]), page, tol=1e-4, pool_tol=1e-5)
 
 
 # ---- engines ---------------------------------------------------------------------------------

@@ -16,8 +16,13 @@ from flashlane.kernels.mhc import hc_post, hc_pre, hc_weights
 from flashlane.kernels.native import build, kda_recurrent, mhc_weights, norm_rope, row_gemm
 from flashlane.kernels.native import short_conv as short_conv_native
 
-WHY_NOT = row_gemm.unavailable()
-needs_native = pytest.mark.skipif(WHY_NOT is not None, reason=f"native kernel unavailable: {WHY_NOT}")
+def _needs(kernel):
+    """Skip where ``kernel`` cannot run on this machine (the reason: its ``unavailable()``)."""
+    why = kernel.unavailable()
+    return pytest.mark.skipif(why is not None, reason=f"native kernel unavailable: {why}")
+
+
+needs_native = _needs(row_gemm)
 
 
 def _reference(x, w, b):
@@ -94,8 +99,7 @@ def test_a_cpu_without_avx2_is_refused_by_name(monkeypatch):
 
 # ---- RMSNorm and rotate-half RoPE (norm_rope.cpp) ----------------------------------------------
 
-NORM_WHY_NOT = norm_rope.unavailable()
-needs_norm_rope = pytest.mark.skipif(NORM_WHY_NOT is not None, reason=f"native kernel unavailable: {NORM_WHY_NOT}")
+needs_norm_rope = _needs(norm_rope)
 
 
 @needs_norm_rope
@@ -139,8 +143,7 @@ def test_norm_and_rope_decline_what_is_not_their_case():
 
 # ---- mHC weights (mhc_weights.cpp) ----------------------------------------------------------------
 
-MHC_WHY_NOT = mhc_weights.unavailable()
-needs_mhc = pytest.mark.skipif(MHC_WHY_NOT is not None, reason=f"native kernel unavailable: {MHC_WHY_NOT}")
+needs_mhc = _needs(mhc_weights)
 
 
 @needs_mhc
@@ -194,8 +197,7 @@ def test_hc_pre_through_the_native_weights_matches_torch():
 
 # ---- the KDA recurrence (kda_recurrent.cpp) -------------------------------------------------------
 
-KDA_WHY_NOT = kda_recurrent.unavailable()
-needs_kda = pytest.mark.skipif(KDA_WHY_NOT is not None, reason=f"native kernel unavailable: {KDA_WHY_NOT}")
+needs_kda = _needs(kda_recurrent)
 
 
 def _kda_inputs(lens, heads, dk, dv, seed):
@@ -254,8 +256,7 @@ def test_kda_recurrence_declines_what_it_cannot_run():
 
 # ---- the short convolution (short_conv.cpp) ---------------------------------------------------------
 
-CONV_WHY_NOT = short_conv_native.unavailable()
-needs_conv = pytest.mark.skipif(CONV_WHY_NOT is not None, reason=f"native kernel unavailable: {CONV_WHY_NOT}")
+needs_conv = _needs(short_conv_native)
 
 
 @needs_conv

@@ -56,8 +56,9 @@ def _native_linear(module, rows: int) -> decode_layer.Linear | None:
     kernel at ``rows`` rows; None for anything else (torch formats, other int8 kernels)."""
     if getattr(module, "fmt", None) == "native":
         return decode_layer.Linear("float32", module.weight, None, module.bias)
-    if getattr(module, "packed", None) is not None:       # GGUF blocks (models.gguf_blocks)
-        return decode_layer.Linear(module.kind, module.packed, None, module.bias, module.out_features)
+    kind = getattr(module, "kind", None)
+    if kind in gguf_blocks.BYTES:              # GGUF blocks, repacked (models.gguf_blocks.GgufLinear)
+        return decode_layer.Linear(kind, module.packed, None, module.bias, module.out_features)
     plan = getattr(module, "plan", None)
     if getattr(module, "qweight", None) is not None and plan is not None:
         kind = _INT8_KINDS.get(plan.kernel_for(rows))
