@@ -203,3 +203,13 @@ def test_smollm2_on_its_own_blocks_runs_whole_layers_and_stays_close_to_float32(
     assert blocks == float32                  # 4-bit weights and int8 activations: the same first tokens
     alone = [llm.generate([p], sp)[0].outputs[0].token_ids for p in prompts]
     assert alone == blocks
+
+
+def test_a_gguf_without_block_tensors_is_refused_by_name(tmp_path, monkeypatch):
+    import test_gguf_tiny
+
+    monkeypatch.setattr(test_gguf_tiny, "QTYPE", {})          # every tensor F32
+    path = tmp_path / "f32.gguf"
+    test_gguf_tiny._write_gguf(path)
+    with pytest.raises(ValueError, match=r"stores no linear in a block type flashlane runs \(Q4_1, Q8_0\)"):
+        LLM(str(path), quantization="gguf")

@@ -87,7 +87,7 @@ def _tied_name(model: nn.Module, weight: torch.Tensor) -> str | None:
 def keep_gguf_blocks(model: nn.Module, path: str | Path | None, ops: KernelBackend) -> GgufReport:
     """Replace the linears of ``model`` (loaded from the GGUF file ``path``) whose tensors the file
     stores in Q4_1 or Q8_0 by ``GgufLinear`` modules on those blocks (in place)."""
-    from .gguf_loader import gguf_blocks, gguf_config, open_gguf
+    from .gguf_loader import BLOCK_KINDS, gguf_blocks, gguf_config, open_gguf
     from .quantize import weight_bytes
 
     if path is None or Path(path).suffix != ".gguf" or not Path(path).is_file():
@@ -116,7 +116,7 @@ def keep_gguf_blocks(model: nn.Module, path: str | Path | None, ops: KernelBacke
             report.head = kind
     if not report.kinds:
         raise ValueError(f"quantization 'gguf': {path} stores no linear in a block type flashlane runs "
-                         f"({', '.join(('Q4_1', 'Q8_0'))})")
+                         f"({', '.join(BLOCK_KINDS)})")
     report.bytes_after = weight_bytes(model)
     native = getattr(ops, "native", False) and next(iter(model.parameters())).dtype == torch.float32
     report.kernel = (f"{ops.name} backend: " + ("native block kernels" if native
