@@ -16,8 +16,8 @@ from flashlane.models.forward_batch import ForwardBatch
 
 class PagedRunner:
     def __init__(self, model, cfg, page_size: int = 16, max_tokens: int = 1024, max_seqs: int = 8,
-                 dtype: torch.dtype = torch.float32, seed: int = 0, kv_cache_dtype: str = "auto"):
-        self.model, self.cfg = model, cfg
+                 dtype: torch.dtype = torch.float32, seed: int = 0, kv_cache_dtype: str = "auto", ops=None):
+        self.model, self.cfg, self.ops = model, cfg, ops
         self.spec = cache_spec(cfg, page_size, kv_cache_dtype)
         self.pages_per_seq = -(-max_tokens // page_size)
         num_pages = 1 + self.pages_per_seq * max_seqs
@@ -28,7 +28,8 @@ class PagedRunner:
 
     def _step(self, seqs: list[int], new: list[list[int]], starts: list[int]) -> torch.Tensor:
         batch = ForwardBatch.build(new, starts, [self.tables[s] for s in seqs],
-                                   [s + 1 if self.spec.needs_state_slot else 0 for s in seqs], self.cache)
+                                   [s + 1 if self.spec.needs_state_slot else 0 for s in seqs], self.cache,
+                                   ops=self.ops)
         with torch.no_grad():
             return self.model.compute_logits(self.model(batch)).float()
 

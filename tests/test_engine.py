@@ -7,7 +7,7 @@ import pytest
 from flashlane import LLM, SamplingParams
 from flashlane.engine.llm_engine import LLMEngine
 
-from engine_models import preset, random_prompts, tiny_llama
+from engine_models import assert_greedy_equal_up_to_near_ties, preset, random_prompts, tiny_llama
 
 PRESETS = ["tiny-flash", "tiny-standard", pytest.param("smollm2-135m", marks=pytest.mark.slow)]
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
@@ -37,7 +37,7 @@ def test_batched_equals_alone(name):
 def test_preemption_keeps_outputs(name, caching):
     m = _model(name)
     prompts = random_prompts(10, 40, 120, min(m.config.vocab_size, 4000), seed=2)
-    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, logprobs=2)
     free = LLM(m, dtype="float32").generate(prompts, params)
     # 16 pages of 16 tokens: a few requests fit, growth forces repeated preemption
     tight = LLM(m, dtype="float32", num_pages=16, num_slots=8, page_size=16, max_num_batched_tokens=128,
@@ -46,7 +46,10 @@ def test_preemption_keeps_outputs(name, caching):
     # (a preempted request re-admitted with the prefix cache hits its own pages: less pressure)
     assert tight.engine.scheduler.num_preemptions >= (2 if caching else 3)
     assert sum(o.metrics.num_preemptions for o in pressed) == tight.engine.scheduler.num_preemptions
-    assert [o.token_ids for o in pressed] == [o.token_ids for o in free]
+    if name == "tiny-standard":     # sparse selection: see assert_greedy_equal_up_to_near_ties
+        assert assert_greedy_equal_up_to_near_ties(free, pressed) <= 2
+    else:
+        assert [o.token_ids for o in pressed] == [o.token_ids for o in free]
     usage = tight.engine.cache.usage()
     assert usage["pages_used"] == 0 and usage["slots_used"] == 0
 

@@ -13,6 +13,7 @@ from hf_tiny import glm5_next_text_state_dict, make_hf_glm5_next
 from paged_runner import PagedRunner
 
 from flashlane.config import parse_config
+from flashlane.kernels.backends.cpu.backend import CpuBackend
 from flashlane.models.glm5_next import Glm5NextForCausalLM
 from flashlane.models.loader import cast_model
 
@@ -160,6 +161,24 @@ def test_bfloat16_cache_and_weights_run_close_to_fp32(pair, prompts):
         assert torch.isfinite(a).all()
         # early positions only: later, sparse-selection and routing flips compound
         assert (a[:8] - b[:8]).abs().max().item() < 0.15
+
+
+def test_bfloat16_native_kernels_run_close_to_the_torch_kernels(pair, prompts):
+    """Where the CPU has native bf16 the engine picks bf16, and the native KDA, short-conv and mHC
+    kernels take it (float32 arithmetic, bf16 in and out): the same model through the torch-only
+    backend must land within bf16 noise."""
+    if CpuBackend().describe() == CpuBackend(native=False).describe():
+        pytest.skip("no native kernels on this CPU")
+    _, ours, cfg = pair
+    half = Glm5NextForCausalLM(cfg, with_mtp=False).eval()
+    half.load_state_dict(ours.state_dict())
+    cast_model(half, torch.bfloat16)
+    short = [p[:40] for p in prompts]
+    runs = [PagedRunner(half, cfg, page_size=16, max_tokens=128, max_seqs=4, dtype=torch.bfloat16,
+                        ops=CpuBackend(native=native)).prefill(short) for native in (True, False)]
+    for a, b in zip(*runs):
+        assert torch.isfinite(a).all()
+        assert (a[:16] - b[:16]).abs().max().item() < 0.05
 
 
 def test_rejects_a_config_of_another_architecture():

@@ -181,18 +181,58 @@ def test_hc_post_matches_the_torch_formula(tokens):
     assert mhc_weights.mhc_post(y.double(), streams.double(), post, comb) is None
 
 
+def _bf16_ulps(a: torch.Tensor, b: torch.Tensor) -> int:
+    """The largest distance between two bf16 tensors in units of the last place (same signs)."""
+    ia, ib = a.view(torch.int16).int(), b.view(torch.int16).int()
+    return int((ia - ib).abs().max())
+
+
 @needs_mhc
-def test_hc_pre_through_the_native_weights_matches_torch():
-    g = torch.Generator().manual_seed(3)
-    n, h = 4, 32
-    streams = torch.randn(9, n, h, generator=g)
+@pytest.mark.parametrize("tokens, hidden", [(1, 40), (300, 40), (7, 13)])
+def test_hc_post_in_bf16_rounds_where_the_torch_formula_rounds(tokens, hidden):
+    g = torch.Generator().manual_seed(tokens + hidden)
+    streams = torch.randn(tokens, 4, hidden, generator=g).bfloat16()
+    y = torch.randn(tokens, hidden, generator=g).bfloat16()
+    post, comb = 2 * torch.rand(tokens, 4, generator=g), torch.rand(tokens, 4, 4, generator=g)
+    got = mhc_weights.mhc_post(y, streams, post, comb)
+    want = hc_post(y, streams, post, comb)
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape
+    # torch's bf16 matmul may sum the four products in another order: one rounding step apart at most
+    assert _bf16_ulps(got, want) <= 1
+    p, c = post.bfloat16().float(), comb.bfloat16().float()
+    scaled = p.unsqueeze(-1) * y.float().unsqueeze(-2)
+    mixed = torch.matmul(c.transpose(-1, -2), streams.float())
+    # three roundings to bf16 (each at most half an ulp: 2^-8 relative) from the float32 result
+    bound = 2 ** -8 * (scaled.abs() + mixed.abs() + (scaled + mixed).abs()) + 1e-6
+    assert ((got.float() - (scaled + mixed)).abs() <= bound).all()
+    alone = mhc_weights.mhc_post(y[-1:], streams[-1:], post[-1:], comb[-1:])
+    assert torch.equal(alone, got[-1:])
+    assert mhc_weights.mhc_post(y.float(), streams, post, comb) is None                 # mixed dtypes
+
+
+@needs_mhc
+@pytest.mark.parametrize("tokens, h", [(9, 32), (1, 13), (300, 40)])
+def test_native_hc_pre_matches_torch(tokens, h):
+    g = torch.Generator().manual_seed(tokens + h)
+    n = 4
+    streams = torch.randn(tokens, n, h, generator=g)
     fn, base = 0.05 * torch.randn((2 + n) * n, n * h, generator=g), torch.randn((2 + n) * n, generator=g)
     scale = torch.rand(3, generator=g)
     kw = dict(norm_eps=1e-5, hc_eps=1e-6, sinkhorn_iters=20)
     want = hc_pre(streams, fn, base, scale, **kw)
-    got = hc_pre(streams, fn, base, scale, weights=mhc_weights.mhc_weights, **kw)
+    got = mhc_weights.hc_pre(streams, fn, base, scale, **kw)
     for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    # (not per token bit for bit: the mixed projection is aten's matmul, whose order depends on rows)
+    # bf16 streams: float32 arithmetic throughout, the collapse rounded once to bf16
+    half = streams.bfloat16()
+    got16, want16 = mhc_weights.hc_pre(half, fn, base, scale, **kw), hc_pre(half, fn, base, scale, **kw)
+    assert got16[0].dtype == torch.bfloat16
+    assert _bf16_ulps(got16[0], want16[0]) <= 1
+    for a, b in zip(got16[1:], want16[1:]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert mhc_weights.hc_pre(streams.double(), fn, base, scale, **kw) is None
+    assert mhc_weights.hc_pre(streams, fn[:, 1:], base, scale, **kw) is None               # the torch error
 
 
 # ---- the KDA recurrence (kda_recurrent.cpp) -------------------------------------------------------
@@ -212,7 +252,8 @@ def _kda_inputs(lens, heads, dk, dv, seed):
 
 
 @needs_kda
-@pytest.mark.parametrize("heads, dk, dv", [(4, 32, 32), (2, 12, 20), (3, 8, 5)])
+# dv a multiple of 8 up to 64 keeps u and o in registers (one path per width); others the general path
+@pytest.mark.parametrize("heads, dk, dv", [(4, 32, 32), (2, 12, 20), (3, 8, 5), (1, 8, 8), (2, 24, 16), (2, 16, 64)])
 def test_kda_recurrence_matches_the_torch_recurrence_per_sequence(heads, dk, dv):
     lens = [1, 37, 130, 1, 6]
     q, k, v, gate, beta, pool, cu = _kda_inputs(lens, heads, dk, dv, seed=dk + dv)
@@ -283,6 +324,26 @@ def test_short_conv_matches_the_torch_kernels(channels, k):
 
 
 @needs_conv
+def test_short_conv_with_a_bf16_state_matches_the_torch_kernels():
+    """A bf16 model keeps its conv states in bf16: the kernel runs on float32 copies of the rows
+    it touches and writes them back; no other row changes."""
+    g = torch.Generator().manual_seed(11)
+    lens = [1, 6, 33]
+    x = torch.randn(sum(lens), 24, generator=g).bfloat16()
+    w = torch.randn(24, 1, 4, generator=g)
+    state = torch.randn(6, 24, 3, generator=g).bfloat16()
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    slots, fresh = torch.tensor([4, 0, 2]), torch.tensor([False, True, False])
+    got_state, want_state = state.clone(), state.clone()
+    got = short_conv_native.short_conv_varlen(x, w, got_state, cu, slots, fresh)
+    want = short_conv.short_conv(x, w, want_state, slots, cu, fresh)
+    assert got.dtype == torch.bfloat16
+    # both sum in float32 and round once; SiLU's exp differs in the last float32 bits
+    torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-6)
+    assert torch.equal(got_state, want_state)
+
+
+@needs_conv
 def test_short_conv_does_not_depend_on_where_the_prefill_was_cut():
     g = torch.Generator().manual_seed(4)
     x, w = torch.randn(50, 24, generator=g), torch.randn(24, 4, generator=g)
@@ -299,7 +360,7 @@ def test_short_conv_does_not_depend_on_where_the_prefill_was_cut():
 def test_short_conv_declines_what_it_cannot_run():
     x, w, state = torch.randn(3, 8), torch.randn(8, 4), torch.zeros(2, 8, 3)
     args = (torch.tensor([0, 3]), torch.tensor([1]), torch.tensor([True]))
-    assert short_conv_native.short_conv_varlen(x, w, state.to(torch.bfloat16), *args) is None
+    assert short_conv_native.short_conv_varlen(x, w, state.to(torch.int32), *args) is None
     assert short_conv_native.short_conv_varlen(x.requires_grad_(), w, state, *args) is None
     assert short_conv_native.short_conv_varlen(x, w[:, :3], state, *args) is None          # K-1 != 3
 

@@ -243,7 +243,10 @@ def test_native_w8a8_engine_equals_torch_w8a8_batched_and_alone(name, monkeypatc
         llm = _llm(_with_model(base, q))
         outs[kernel] = llm.generate(_prompts(base), params)
         if kernel == "w8a8-native" and name == "tiny-llama":
-            alone = [llm.generate([p], params)[0] for p in _prompts(base)]
+            # a fresh engine without prefix caching: a hit would attend its suffix after cached
+            # history (two flash calls merged), which rounds differently from one call from 0
+            fresh = _llm(_with_model(base, q), enable_prefix_caching=False)
+            alone = [fresh.generate([p], params)[0] for p in _prompts(base)]
             assert [o.token_ids for o in alone] == [o.token_ids for o in outs[kernel]]
             assert [o.logprobs for o in alone] == [o.logprobs for o in outs[kernel]]
     for a, b in zip(outs["w8a8-native"], outs["w8a8"]):
@@ -409,8 +412,8 @@ def test_auto_dtype_needs_native_bf16_and_a_clear_win():
     bf16_wins = lambda dtype, rows: (0.5 if dtype == torch.bfloat16 else 1.0) * rows   # noqa: E731
     choice = choose_cpu_dtype(AMX, bf16_wins)
     assert choice.dtype == "bfloat16" and "bf16 no slower at 1 row, >=10% faster at 64 rows" in choice.why
-    # faster at prefill but slower at decode: float32
-    only_prefill = lambda dtype, rows: ((0.5 if rows > 1 else 1.1) if dtype == torch.bfloat16 else 1.0)   # noqa: E731
+    # faster at prefill, but not 2x, and slower at decode: float32
+    only_prefill = lambda dtype, rows: ((0.6 if rows > 1 else 1.1) if dtype == torch.bfloat16 else 1.0)   # noqa: E731
     assert choose_cpu_dtype(AMX, only_prefill).dtype == "float32"
     marginal = lambda dtype, rows: 0.97 if dtype == torch.bfloat16 else 1.0   # noqa: E731
     assert choose_cpu_dtype(AMX, marginal).dtype == "float32"

@@ -94,6 +94,11 @@ AUTO_DTYPE_ROWS = (1, 64)            # decode and prefill row counts; bf16 must 
 # busy machine keeps fp32. Decode: no slower. A 1-row bf16 GEMV on these CPUs runs only 10-30%
 # ahead of fp32 (far from its halved bytes), so a 10% bar there flipped the choice between runs.
 BF16_MARGIN = {1: 1.0, 64: 0.9}
+# Or a prefill win no timing noise hides (AMX: 3-5x at 64 rows) with decode at most 1.5x slower:
+# on a Sapphire Rapids the 1-row ratio ranged 0.92-1.27 between runs, so "no slower" alone picked
+# fp32 or bf16 by chance, and with it every number measured after it.
+BF16_CLEAR_PREFILL_WIN = 0.5
+BF16_DECODE_ALLOWANCE = 1.5
 AUTO_DTYPE_REPS = 7                  # fp32 and bf16 calls alternated, best of each
 
 DtypeTimer = Callable[[torch.dtype, int], float]   # (dtype, rows) -> seconds
@@ -139,7 +144,8 @@ def _rows(rows: list[int]) -> str:
 def choose_cpu_dtype(caps: CpuCaps, timer: DtypeTimer | None = None) -> DtypeChoice:
     """bfloat16 only where the CPU has native bf16 and a short timing finds it at least as fast
     as ``BF16_MARGIN`` asks at every row count of ``AUTO_DTYPE_ROWS`` (no slower at decode, 10%
-    faster at prefill); float32 otherwise. ``why`` names the row counts where bf16 lost."""
+    faster at prefill), or at least 2x faster at prefill and at most 1.5x slower at decode;
+    float32 otherwise. ``why`` names the row counts where bf16 lost."""
     if not caps.native_bf16:
         return DtypeChoice("float32", f"cpu {caps.describe()}: no native bf16")
     if timer is None:
@@ -148,6 +154,10 @@ def choose_cpu_dtype(caps: CpuCaps, timer: DtypeTimer | None = None) -> DtypeCho
         times = {rows: (timer(torch.float32, rows), timer(torch.bfloat16, rows)) for rows in AUTO_DTYPE_ROWS}
     slow = [rows for rows, (f, b) in times.items() if b > BF16_MARGIN[rows] * f]
     timed = ", ".join(f"{_rows([rows])} fp32 {f * 1e3:.2f}ms bf16 {b * 1e3:.2f}ms" for rows, (f, b) in times.items())
+    (f1, b1), (fp, bp) = times[1], times[max(times)]
+    if slow and bp <= BF16_CLEAR_PREFILL_WIN * fp and b1 <= BF16_DECODE_ALLOWANCE * f1:
+        return DtypeChoice("bfloat16", f"cpu {caps.describe()}: {timed} -> bf16 >={round(1 / BF16_CLEAR_PREFILL_WIN)}x "
+                                       f"faster at {_rows([max(times)])}, decode within {BF16_DECODE_ALLOWANCE}x")
     bar = {rows: "no slower" if m >= 1.0 else f">={round((1 - m) * 100)}% faster" for rows, m in BF16_MARGIN.items()}
     verdict = ("bf16 short of " + ", ".join(f"{bar[r]} at {_rows([r])}" for r in slow) if slow
                else "bf16 " + ", ".join(f"{bar[r]} at {_rows([r])}" for r in times))

@@ -1,8 +1,8 @@
-"""mHC through ``mhc_weights.cpp``: the per-token weights (``kernels.mhc.hc_pre``'s sigmoid /
-softmax / Sinkhorn part, ~120 torch ops on tensors of a few floats) and ``hc_post`` in one native
-pass each. Each returns None where the inputs are not its case (another device or dtype, inside a
-compiled graph, autograd recording, or the kernel unavailable) and the caller runs the torch
-formulas."""
+"""mHC through ``mhc_weights.cpp``: ``kernels.mhc.hc_pre`` (the normed streams, the per-token
+weights' sigmoid / softmax / Sinkhorn part, ~120 torch ops on tensors of a few floats, and the
+collapse) and ``hc_post``, for float32 and bfloat16 streams. Each returns None where the inputs
+are not its case (another device or dtype, inside a compiled graph, autograd recording, or the
+kernel unavailable) and the caller runs the torch formulas."""
 
 from __future__ import annotations
 
@@ -20,10 +20,19 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 @functools.lru_cache(maxsize=1)
 def _functions():
     lib = load("mhc_weights", row_gemm.ARCH_FLAGS)
-    weights, post = lib.mhc_weights_f32, lib.mhc_post_f32
+    weights = lib.mhc_weights_f32
+    # per streams dtype
+    post = {torch.float32: lib.mhc_post_f32, torch.bfloat16: lib.mhc_post_bf16}
+    norm = {torch.float32: lib.mhc_norm_f32, torch.bfloat16: lib.mhc_norm_bf16}
+    collapse = {torch.float32: lib.mhc_collapse_f32, torch.bfloat16: lib.mhc_collapse_bf16}
     weights.argtypes, weights.restype = [_P, _I, _I, _P, _P, ctypes.c_float, _I, _P, _P, _P], None
-    post.argtypes, post.restype = [_P, _P, _P, _P, _I, _I, _I, _P], None
-    return weights, post
+    for fn in post.values():
+        fn.argtypes, fn.restype = [_P, _P, _P, _P, _I, _I, _I, _P], None
+    for fn in norm.values():
+        fn.argtypes, fn.restype = [_P, _I, _I, ctypes.c_float, _P], None
+    for fn in collapse.values():
+        fn.argtypes, fn.restype = [_P, _P, _I, _I, _I, _P], None
+    return weights, post, norm, collapse
 
 
 @functools.lru_cache(maxsize=1)
@@ -52,17 +61,44 @@ def mhc_weights(mixed: torch.Tensor, n: int, base: torch.Tensor, scale: torch.Te
     return pre, post, comb
 
 
+def hc_pre(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, *,
+           norm_eps: float, hc_eps: float, sinkhorn_iters: int
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """``kernels.mhc.hc_pre`` for float32 or bfloat16 streams [N, n, H]: the RMS-normed flat
+    streams, the per-token weights and the collapse natively, the mixed projection by aten's
+    float32 matmul between them -> (collapsed [N, H] in the streams' dtype, post, comb), or None."""
+    dtype = streams.dtype
+    if streams.dim() != 3 or dtype not in (torch.float32, torch.bfloat16) or not _eager(streams, fn, base, scale):
+        return None
+    count, n, h = streams.shape
+    if fn.shape != ((2 + n) * n, n * h) or base.shape != ((2 + n) * n,) or scale.shape != (3,):
+        return None            # the torch formula raises the error naming the shapes
+    x = streams.contiguous()
+    _, _, norm, collapse = _functions()
+    flat = torch.empty(count, n * h, dtype=torch.float32)
+    norm[dtype](x.data_ptr(), count, n * h, norm_eps, flat.data_ptr())
+    weights = mhc_weights(torch.nn.functional.linear(flat, fn.float()), n, base, scale, hc_eps, sinkhorn_iters)
+    if weights is None:
+        return None
+    pre, post, comb = weights
+    collapsed = torch.empty(count, h, dtype=dtype)
+    collapse[dtype](x.data_ptr(), pre.data_ptr(), count, n, h, collapsed.data_ptr())
+    return collapsed, post, comb
+
+
 def mhc_post(y: torch.Tensor, streams: torch.Tensor, post: torch.Tensor,
              comb: torch.Tensor) -> torch.Tensor | None:
-    """``kernels.mhc.hc_post`` for float32 streams: y [N, H], streams [N, n, H], post [N, n],
-    comb [N, n, n] -> ``post (outer) y + comb^T X`` [N, n, H], or None."""
-    if (streams.dim() != 3 or streams.dtype != torch.float32 or y.dtype != torch.float32
+    """``kernels.mhc.hc_post`` for float32 or bfloat16 streams (y of the same dtype): y [N, H],
+    streams [N, n, H], post [N, n], comb [N, n, n] -> ``post (outer) y + comb^T X`` [N, n, H] in
+    the streams' dtype, or None. In bf16 it rounds where the formula's bf16 ops round."""
+    dtype = streams.dtype
+    if (streams.dim() != 3 or dtype not in (torch.float32, torch.bfloat16) or y.dtype != dtype
             or y.shape != (streams.shape[0], streams.shape[2]) or post.shape != streams.shape[:2]
             or comb.shape != (*streams.shape[:2], streams.shape[1]) or not _eager(y, streams, post, comb)):
         return None
     count, n, h = streams.shape
     x, yc = streams.contiguous(), y.contiguous()
-    p, c = post.float().contiguous(), comb.float().contiguous()
-    out = torch.empty(count, n, h, dtype=torch.float32)
-    _functions()[1](yc.data_ptr(), x.data_ptr(), p.data_ptr(), c.data_ptr(), count, n, h, out.data_ptr())
+    p, c = post.to(dtype).float().contiguous(), comb.to(dtype).float().contiguous()
+    out = torch.empty(count, n, h, dtype=dtype)
+    _functions()[1][dtype](yc.data_ptr(), x.data_ptr(), p.data_ptr(), c.data_ptr(), count, n, h, out.data_ptr())
     return out

@@ -32,3 +32,48 @@ static inline float exp1(float x) {
     _mm256_storeu_ps(out, exp256(_mm256_loadu_ps(in)));
     return out[0];
 }
+
+// bfloat16 (raw uint16 bits) <-> float32, eight at a time. Widening is exact; narrowing rounds to
+// nearest even as torch does (finite values; a NaN's payload is not preserved).
+static inline __m256 bf16_load8(const uint16_t* p) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+static inline __m128i bf16_round8(__m256 v) {
+    const __m256i b = _mm256_castps_si256(v);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+static inline void bf16_store8(uint16_t* p, __m256 v) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), bf16_round8(v));
+}
+
+// one value's round trip through bfloat16 (round to nearest even)
+static inline float bf16_round1(float x) {
+    uint32_t b;
+    __builtin_memcpy(&b, &x, 4);
+    b = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
+    __builtin_memcpy(&x, &b, 4);
+    return x;
+}
+
+// a float32 vector rounded to bfloat16 values (kept as float32)
+static inline __m256 bf16_rounded8(__m256 v) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bf16_round8(v)), 16));
+}
+
+static inline float bf16_value(uint16_t h) {
+    const uint32_t b = static_cast<uint32_t>(h) << 16;
+    float x;
+    __builtin_memcpy(&x, &b, 4);
+    return x;
+}
+
+static inline uint16_t bf16_bits(float x) {
+    uint32_t b;
+    __builtin_memcpy(&b, &x, 4);
+    return static_cast<uint16_t>((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}

@@ -93,10 +93,10 @@ class CpuBackend(KernelBackend):
     def __init__(self, device: torch.device | str = "cpu", native: bool | None = None):
         super().__init__(device)
         self._rope_tables: dict[tuple[int, float], rope.RopeCache] = {}
-        # flashlane's native kernels (kernels/native) for float32 eager work where they build on
-        # this CPU: dense decode attention read from the paged pool in place, RMSNorm and
-        # rotate-half RoPE, the KDA recurrence, the mHC weights, GGUF block linears, whole llama
-        # decode layers. None: decided here, once.
+        # flashlane's native kernels (kernels/native) for eager work where they build on this
+        # CPU: dense decode attention read from the paged pool in place, RMSNorm and rotate-half
+        # RoPE, GGUF block linears and whole llama decode layers (float32); the KDA recurrence,
+        # the short conv and mHC (float32 and bfloat16). None: decided here, once.
         self._native_why_not = (paged_attention.unavailable() or norm_rope.unavailable()
                                 or decode_layer.unavailable() or block_gemm.unavailable() or mhc_weights.unavailable()
                                 or kda_recurrent.unavailable() or short_conv_native.unavailable()
@@ -109,9 +109,9 @@ class CpuBackend(KernelBackend):
         self._layer_tables: dict[tuple, decode_layer.LayerWeights | None] = {}
 
     def describe(self) -> str:
-        kernels = ("native decode attention (paged, in place), RMSNorm and RoPE, the KDA recurrence (prefill "
-                   "and decode), mHC weights, GGUF block linears; whole llama decode layers in one call where "
-                   "their linears are native" if self.native
+        kernels = ("native decode attention (paged, in place), RMSNorm and RoPE, GGUF block linears; whole "
+                   "llama decode layers in one call where their linears are native; the KDA recurrence and "
+                   "short conv (prefill and decode) and mHC in fp32 and bf16" if self.native
                    else f"torch SDPA decode attention ({self._native_why_not or 'native kernels off'})")
         return f"{self.name}: plain-torch kernels (flashlane.kernels) on {self.device}; {kernels}"
 
@@ -320,9 +320,11 @@ class CpuBackend(KernelBackend):
         if compiled and not torch.compiler.is_compiling():
             return compiled_fn(mhc.hc_pre)(streams, fn, base, scale, norm_eps=norm_eps, hc_eps=hc_eps,
                                            sinkhorn_iters=sinkhorn_iters)
-        # eager: the per-token weights in one native pass where it builds (~120 tiny torch ops)
-        return mhc.hc_pre(streams, fn, base, scale, norm_eps=norm_eps, hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters,
-                          weights=mhc_weights.mhc_weights if self.native else None)
+        # eager: the normed streams, the per-token weights (~120 tiny torch ops) and the collapse
+        # natively where it builds
+        kw = dict(norm_eps=norm_eps, hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters)
+        out = mhc_weights.hc_pre(streams, fn, base, scale, **kw) if self.native else None
+        return mhc.hc_pre(streams, fn, base, scale, **kw) if out is None else out
 
     def mhc_post(self, y, streams, post, comb, *, compiled=False):
         if compiled and not torch.compiler.is_compiling():
