@@ -95,7 +95,7 @@ AUTO_DTYPE_ROWS = (1, 64)            # decode and prefill row counts; bf16 must 
 # ahead of fp32 (far from its halved bytes), so a 10% bar there flipped the choice between runs.
 BF16_MARGIN = {1: 1.0, 64: 0.9}
 # Or a prefill win no timing noise hides (AMX: 3-5x at 64 rows) with decode at most 1.5x slower:
-# on a Sapphire Rapids the 1-row ratio ranged 0.92-1.27 between runs, so "no slower" alone picked
+# on a Sapphire Rapids the 1-row ratio ranged 0.92-1.26 between runs, so "no slower" alone picked
 # fp32 or bf16 by chance, and with it every number measured after it.
 BF16_CLEAR_PREFILL_WIN = 0.5
 BF16_DECODE_ALLOWANCE = 1.5
