@@ -6,15 +6,14 @@
 //   ops on [N, n, n] tensors of a few floats each. Eight tokens per vector (a short last group is
 //   padded, so a token's numbers do not depend on its neighbours), the torch formulas' order of
 //   operations (multiply, then add; divisions as divisions).
-// - mhc_post_f32: hc_post, X'[j] = post[j] y + sum_i comb[i, j] X[i], in one pass per token
-//   instead of an outer product, a batched matmul of 4 x 4 blocks and an add over [N, n, H].
+// - mhc_post_*: hc_post, X'[j] = post[j] y + sum_i comb[i, j] X[i], in one pass per token
+//   instead of an outer product, a batched matmul of 4 x 4 blocks and an add over [N, n, H];
+//   in bf16 rounded where torch's bf16 formula rounds.
 // - mhc_norm_*: hc_pre's RMS-normed flat streams (float32 rows for the mixed projection), one pass
 //   per token over float32 or bfloat16 streams instead of a copy, a square, a mean and a multiply.
 // - mhc_collapse_*: hc_pre's collapse sum_i pre[i] X[i], summed in float32 in stream order and
 //   rounded once to the streams' dtype, as the formula's promotion to float32 does.
-// - mhc_post_bf16: the same for bfloat16 y, X and out, rounded where torch's bf16 formula rounds
-//   (post y and comb^T X each to bf16, then their sum), with post and comb given already rounded
-//   to bf16 values (as the formula's casts make them).
+// (_f32 / _bf16: the streams' dtype, through simd.h's F32 / Bf16 element access.)
 #include "simd.h"
 #include <immintrin.h>
 #include <math.h>
@@ -91,124 +90,95 @@ extern "C" void mhc_weights_f32(const float* mixed, int64_t N, int64_t n, const 
     }
 }
 
-// y [N, H], streams X [N, n, H], post [N, n], comb [N, n, n] -> out [N, n, H]
-extern "C" void mhc_post_f32(const float* y, const float* X, const float* post, const float* comb, int64_t N,
-                             int64_t n, int64_t H, float* out) {
+// y [N, H], streams X [N, n, H], post [N, n], comb [N, n, n] -> out [N, n, H]. In bf16, post y and
+// comb^T X are each rounded, then their sum, as torch's bf16 formula rounds (post and comb given
+// already rounded to bf16 values, as the formula's casts make them).
+template <typename D>
+static void post_mix(const typename D::T* y, const typename D::T* X, const float* post, const float* comb, int64_t N,
+                     int64_t n, int64_t H, typename D::T* out) {
     for (int64_t t = 0; t < N; t++) {
-        const float* yt = y + t * H;
-        const float* xt = X + t * n * H;
+        const typename D::T* yt = y + t * H;
+        const typename D::T* xt = X + t * n * H;
         const float* ct = comb + t * n * n;
         for (int64_t j = 0; j < n; j++) {
-            float* o = out + (t * n + j) * H;
-            const __m256 p = _mm256_set1_ps(post[t * n + j]);
-            int64_t h = 0;
-            for (; h + 8 <= H; h += 8) {
-                __m256 acc = _mm256_setzero_ps();
-                for (int64_t i = 0; i < n; i++)
-                    acc = _mm256_fmadd_ps(_mm256_set1_ps(ct[i * n + j]), _mm256_loadu_ps(xt + i * H + h), acc);
-                _mm256_storeu_ps(o + h, _mm256_add_ps(_mm256_mul_ps(p, _mm256_loadu_ps(yt + h)), acc));
-            }
-            for (; h < H; h++) {
-                float acc = 0.0f;
-                for (int64_t i = 0; i < n; i++) acc += ct[i * n + j] * xt[i * H + h];
-                o[h] = post[t * n + j] * yt[h] + acc;
-            }
-        }
-    }
-}
-
-// bf16 y [N, H], X [N, n, H], out [N, n, H]; post [N, n], comb [N, n, n] float32 holding bf16 values
-extern "C" void mhc_post_bf16(const uint16_t* y, const uint16_t* X, const float* post, const float* comb, int64_t N,
-                              int64_t n, int64_t H, uint16_t* out) {
-    for (int64_t t = 0; t < N; t++) {
-        const uint16_t* yt = y + t * H;
-        const uint16_t* xt = X + t * n * H;
-        const float* ct = comb + t * n * n;
-        for (int64_t j = 0; j < n; j++) {
-            uint16_t* o = out + (t * n + j) * H;
+            typename D::T* o = out + (t * n + j) * H;
             const float pj = post[t * n + j];
             const __m256 p = _mm256_set1_ps(pj);
             int64_t h = 0;
             for (; h + 8 <= H; h += 8) {
                 __m256 acc = _mm256_setzero_ps();
                 for (int64_t i = 0; i < n; i++)
-                    acc = _mm256_fmadd_ps(_mm256_set1_ps(ct[i * n + j]), bf16_load8(xt + i * H + h), acc);
-                const __m256 a = bf16_rounded8(_mm256_mul_ps(p, bf16_load8(yt + h)));
-                bf16_store8(o + h, _mm256_add_ps(a, bf16_rounded8(acc)));
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(ct[i * n + j]), D::load8(xt + i * H + h), acc);
+                D::store8(o + h, _mm256_add_ps(D::round8(_mm256_mul_ps(p, D::load8(yt + h))), D::round8(acc)));
             }
             for (; h < H; h++) {
                 float acc = 0.0f;
-                for (int64_t i = 0; i < n; i++) acc = fmaf(ct[i * n + j], bf16_value(xt[i * H + h]), acc);
-                const float a = bf16_round1(pj * bf16_value(yt[h]));
-                o[h] = bf16_bits(a + bf16_round1(acc));
+                for (int64_t i = 0; i < n; i++) acc = fmaf(ct[i * n + j], D::value1(xt[i * H + h]), acc);
+                D::store1(o + h, D::round1(pj * D::value1(yt[h])) + D::round1(acc));
             }
         }
     }
 }
 
-// x [N, W] (float32 or bf16 via load8 / value1) -> out [N, W] float32: x rsqrt(mean(x^2) + eps)
-template <typename T, typename Load8, typename Value1>
-static void norm_rows(const T* x, int64_t N, int64_t W, float eps, float* out, Load8 load8, Value1 value1) {
+// x [N, W] -> out [N, W] float32: x rsqrt(mean(x^2) + eps)
+template <typename D>
+static void norm_rows(const typename D::T* x, int64_t N, int64_t W, float eps, float* out) {
     for (int64_t t = 0; t < N; t++) {
-        const T* r = x + t * W;
+        const typename D::T* r = x + t * W;
         float* o = out + t * W;
-        __m256 acc = _mm256_setzero_ps();
-        int64_t w = 0;
-        for (; w + 8 <= W; w += 8) {
-            const __m256 v = load8(r + w);
-            acc = _mm256_fmadd_ps(v, v, acc);
-        }
-        float sq = hsum(acc);
-        for (; w < W; w++) sq += value1(r[w]) * value1(r[w]);
-        const float inv = 1.0f / sqrtf(sq / static_cast<float>(W) + eps);
+        const float inv = 1.0f / sqrtf(sum_squares<D>(r, W) / static_cast<float>(W) + eps);
         const __m256 s = _mm256_set1_ps(inv);
-        for (w = 0; w + 8 <= W; w += 8) _mm256_storeu_ps(o + w, _mm256_mul_ps(load8(r + w), s));
-        for (; w < W; w++) o[w] = value1(r[w]) * inv;
+        int64_t w = 0;
+        for (; w + 8 <= W; w += 8) _mm256_storeu_ps(o + w, _mm256_mul_ps(D::load8(r + w), s));
+        for (; w < W; w++) o[w] = D::value1(r[w]) * inv;
     }
 }
 
-// X [N, n, H], pre [N, n] float32 -> out [N, H]: sum_i pre[i] X[i] in float32, stored by store8 / store1
-template <typename T, typename Load8, typename Value1, typename Store8, typename Store1>
-static void collapse(const T* X, const float* pre, int64_t N, int64_t n, int64_t H, T* out, Load8 load8,
-                     Value1 value1, Store8 store8, Store1 store1) {
+// X [N, n, H], pre [N, n] float32 -> out [N, H]: sum_i pre[i] X[i] in float32, rounded once on store
+template <typename D>
+static void collapse(const typename D::T* X, const float* pre, int64_t N, int64_t n, int64_t H, typename D::T* out) {
     for (int64_t t = 0; t < N; t++) {
-        const T* xt = X + t * n * H;
+        const typename D::T* xt = X + t * n * H;
         const float* pt = pre + t * n;
-        T* o = out + t * H;
+        typename D::T* o = out + t * H;
         int64_t h = 0;
         for (; h + 8 <= H; h += 8) {
-            __m256 acc = _mm256_mul_ps(_mm256_set1_ps(pt[0]), load8(xt + h));
+            __m256 acc = _mm256_mul_ps(_mm256_set1_ps(pt[0]), D::load8(xt + h));
             for (int64_t i = 1; i < n; i++)
-                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(pt[i]), load8(xt + i * H + h)));
-            store8(o + h, acc);
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(pt[i]), D::load8(xt + i * H + h)));
+            D::store8(o + h, acc);
         }
         for (; h < H; h++) {
-            float acc = pt[0] * value1(xt[h]);
-            for (int64_t i = 1; i < n; i++) acc = acc + pt[i] * value1(xt[i * H + h]);
-            store1(o + h, acc);
+            float acc = pt[0] * D::value1(xt[h]);
+            for (int64_t i = 1; i < n; i++) acc = acc + pt[i] * D::value1(xt[i * H + h]);
+            D::store1(o + h, acc);
         }
     }
 }
 
-static inline __m256 f32_load8(const float* p) { return _mm256_loadu_ps(p); }
-static inline float f32_value(float v) { return v; }
-static inline void f32_store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
-static inline void f32_store1(float* p, float v) { *p = v; }
-static inline void bf16_store1(uint16_t* p, float v) { *p = bf16_bits(v); }
+extern "C" void mhc_post_f32(const float* y, const float* X, const float* post, const float* comb, int64_t N,
+                             int64_t n, int64_t H, float* out) {
+    post_mix<F32>(y, X, post, comb, N, n, H, out);
+}
+
+extern "C" void mhc_post_bf16(const uint16_t* y, const uint16_t* X, const float* post, const float* comb, int64_t N,
+                              int64_t n, int64_t H, uint16_t* out) {
+    post_mix<Bf16>(y, X, post, comb, N, n, H, out);
+}
 
 extern "C" void mhc_norm_f32(const float* x, int64_t N, int64_t W, float eps, float* out) {
-    norm_rows(x, N, W, eps, out, f32_load8, f32_value);
+    norm_rows<F32>(x, N, W, eps, out);
 }
 
 extern "C" void mhc_norm_bf16(const uint16_t* x, int64_t N, int64_t W, float eps, float* out) {
-    norm_rows(x, N, W, eps, out, bf16_load8, bf16_value);
+    norm_rows<Bf16>(x, N, W, eps, out);
 }
 
 extern "C" void mhc_collapse_f32(const float* X, const float* pre, int64_t N, int64_t n, int64_t H, float* out) {
-    collapse(X, pre, N, n, H, out, f32_load8, f32_value, f32_store8, f32_store1);
+    collapse<F32>(X, pre, N, n, H, out);
 }
 
 extern "C" void mhc_collapse_bf16(const uint16_t* X, const float* pre, int64_t N, int64_t n, int64_t H,
                                   uint16_t* out) {
-    collapse(X, pre, N, n, H, out, bf16_load8, bf16_value, bf16_store8, bf16_store1);
+    collapse<Bf16>(X, pre, N, n, H, out);
 }

@@ -12,17 +12,9 @@ extern "C" void rms_norm_f32(const float* x, int64_t rows, int64_t dim, int64_t 
     for (int64_t r = 0; r < rows; r++) {
         const float* xr = x + r * x_stride;
         float* o = out + r * dim;
-        __m256 acc = _mm256_setzero_ps();
-        int64_t d = 0;
-        for (; d + 8 <= dim; d += 8) {
-            const __m256 v = _mm256_loadu_ps(xr + d);
-            acc = _mm256_fmadd_ps(v, v, acc);
-        }
-        float ss = hsum(acc);
-        for (; d < dim; d++) ss += xr[d] * xr[d];
-        const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+        const float inv = 1.0f / sqrtf(sum_squares<F32>(xr, dim) / (float)dim + eps);
         const __m256 vinv = _mm256_set1_ps(inv);
-        d = 0;
+        int64_t d = 0;
         for (; d + 8 <= dim; d += 8)
             _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(w + d), _mm256_mul_ps(_mm256_loadu_ps(xr + d), vinv)));
         for (; d < dim; d++) o[d] = w[d] * (xr[d] * inv);

@@ -77,3 +77,40 @@ static inline uint16_t bf16_bits(float x) {
     __builtin_memcpy(&b, &x, 4);
     return static_cast<uint16_t>((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
 }
+
+// Element access for float32 and bfloat16 data: loads widen to float32 (exact); round8/round1
+// give what the dtype's own op would have stored (nothing for float32, bf16 rounding for bf16).
+struct F32 {
+    using T = float;
+    static __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+    static float value1(float v) { return v; }
+    static __m256 round8(__m256 v) { return v; }
+    static float round1(float v) { return v; }
+    static void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+    static void store1(float* p, float v) { *p = v; }
+};
+
+struct Bf16 {
+    using T = uint16_t;
+    static __m256 load8(const uint16_t* p) { return bf16_load8(p); }
+    static float value1(uint16_t v) { return bf16_value(v); }
+    static __m256 round8(__m256 v) { return bf16_rounded8(v); }
+    static float round1(float v) { return bf16_round1(v); }
+    static void store8(uint16_t* p, __m256 v) { bf16_store8(p, v); }
+    static void store1(uint16_t* p, float v) { *p = bf16_bits(v); }
+};
+
+// sum of x[i]^2 over n values (float32 lanes by D::load8 / D::value1, one fixed order): the
+// accumulation every RMS norm of this folder shares
+template <typename D>
+static inline float sum_squares(const typename D::T* x, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = D::load8(x + i);
+        acc = _mm256_fmadd_ps(v, v, acc);
+    }
+    float s = hsum(acc);
+    for (; i < n; i++) s += D::value1(x[i]) * D::value1(x[i]);
+    return s;
+}
