@@ -33,38 +33,8 @@ static inline float exp1(float x) {
     return out[0];
 }
 
-// bfloat16 (raw uint16 bits) <-> float32, eight at a time. Widening is exact; narrowing rounds to
-// nearest even as torch does (finite values; a NaN's payload is not preserved).
-static inline __m256 bf16_load8(const uint16_t* p) {
-    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-}
-
-static inline __m128i bf16_round8(__m256 v) {
-    const __m256i b = _mm256_castps_si256(v);
-    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
-    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-}
-
-static inline void bf16_store8(uint16_t* p, __m256 v) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), bf16_round8(v));
-}
-
-// one value's round trip through bfloat16 (round to nearest even)
-static inline float bf16_round1(float x) {
-    uint32_t b;
-    __builtin_memcpy(&b, &x, 4);
-    b = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
-    __builtin_memcpy(&x, &b, 4);
-    return x;
-}
-
-// a float32 vector rounded to bfloat16 values (kept as float32)
-static inline __m256 bf16_rounded8(__m256 v) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bf16_round8(v)), 16));
-}
-
+// bfloat16 (raw uint16 bits) <-> float32. Widening is exact; narrowing rounds to nearest even as
+// torch does (finite values; a NaN's payload is not preserved).
 static inline float bf16_value(uint16_t h) {
     const uint32_t b = static_cast<uint32_t>(h) << 16;
     float x;
@@ -76,6 +46,23 @@ static inline uint16_t bf16_bits(float x) {
     uint32_t b;
     __builtin_memcpy(&b, &x, 4);
     return static_cast<uint16_t>((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+
+// eight at a time: widen, narrow (packed bits), and a vector rounded to bf16 values kept as float32
+static inline __m256 bf16_load8(const uint16_t* p) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+static inline __m128i bf16_bits8(__m256 v) {
+    const __m256i b = _mm256_castps_si256(v);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+static inline __m256 bf16_rounded8(__m256 v) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bf16_bits8(v)), 16));
 }
 
 // Element access for float32 and bfloat16 data: loads widen to float32 (exact); round8/round1
@@ -95,8 +82,8 @@ struct Bf16 {
     static __m256 load8(const uint16_t* p) { return bf16_load8(p); }
     static float value1(uint16_t v) { return bf16_value(v); }
     static __m256 round8(__m256 v) { return bf16_rounded8(v); }
-    static float round1(float v) { return bf16_round1(v); }
-    static void store8(uint16_t* p, __m256 v) { bf16_store8(p, v); }
+    static float round1(float v) { return bf16_value(bf16_bits(v)); }
+    static void store8(uint16_t* p, __m256 v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), bf16_bits8(v)); }
     static void store1(uint16_t* p, float v) { *p = bf16_bits(v); }
 };
 
