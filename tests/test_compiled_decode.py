@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+from types import SimpleNamespace
 
 import pytest
 
@@ -69,6 +70,75 @@ def test_compiled_decode_after_prefix_cache_hits_matches_eager(arch):
     again = compiled.generate(prompts, GREEDY)        # full pages (and state checkpoints) reused
     assert sum(o.num_cached_tokens for o in again) > 0
     _assert_same(eager.generate(prompts, GREEDY), again)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["llama", "glm_moe_dsa"])
+@pytest.mark.parametrize("num_prompts, k", [(1, 3), (2, 1)])      # 4 rows: a bucket of each arch
+def test_drafts_verified_in_the_decode_graphs_keep_the_ids(arch, num_prompts, k):
+    """Speculative verify steps (drafts from an oracle that is wrong from a varying position) run
+    through the decode graphs, one row per verified token, and the ids equal the eager run's."""
+    from test_speculative import _Oracle
+
+    eager, compiled = _engines(arch)
+    prompts = random_prompts(num_prompts, 3, 70, 250, seed=20 + k)
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    want = [o.token_ids for o in eager.generate(prompts, params)]
+    runner, sched = compiled.engine.runner, compiled.engine.scheduler
+    steps = []
+    fits = runner._fits_graph
+    runner._fits_graph = lambda seqs: steps.append((any(s.draft for s in seqs), fits(seqs))) or steps[-1][1]
+    sched.drafter = _Oracle({tuple(p): list(o) for p, o in zip(prompts, want)}, k)
+    try:
+        got = [o.token_ids for o in compiled.generate(prompts, params)]
+    finally:
+        sched.drafter = None
+        del runner._fits_graph
+    assert got == want
+    verified = [graph for drafts, graph in steps if drafts]
+    assert verified and all(verified) and len(steps) < len(prompts) * params.max_tokens   # drafts were kept
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("num_prompts", [1, 3])      # a bucket, and a padding sequence
+def test_drafts_of_a_stateful_model_verify_in_graphs_of_their_own(num_prompts):
+    """glm5_next keeps KDA and indexer-tail state, which advances token by token: its verify
+    steps run graphs compiled for 1 + k tokens per sequence (a sequence with fewer drafts, or none,
+    padded), rejections roll back from the record buffers, and the ids (greedy, batched, prefix
+    caching on) equal the eager engine's."""
+    from test_speculative import _Oracle
+
+    from flashlane.engine.scheduler import ScheduledSeq
+
+    eager = _engines("glm5_next")[0]
+    k = 3
+    spec = _spec_engine(k)
+    runner = spec.engine.runner
+    assert runner.compiled.verify_rows == k + 1
+    assert runner._fits_graph([ScheduledSeq(SimpleNamespace(), num_new=3, draft=[5, 6])])   # k - 1: padded
+    assert not runner._fits_graph([ScheduledSeq(SimpleNamespace(), num_new=3)])                  # a prefill chunk
+    prompts = random_prompts(num_prompts, 3, 70, 250, seed=30 + num_prompts)
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    want = [o.token_ids for o in eager.generate(prompts, params)]
+    spec.engine.scheduler.drafter = _Oracle({tuple(p): list(o) for p, o in zip(prompts, want)}, k)
+    steps = []
+    fits = runner._fits_graph
+    runner._fits_graph = lambda seqs: steps.append((any(s.draft for s in seqs), fits(seqs))) or steps[-1][1]
+    try:
+        got = [o.token_ids for o in spec.generate(prompts, params)]
+    finally:
+        del runner._fits_graph
+    assert got == want
+    assert all(graph for drafts, graph in steps if drafts)
+    stats = spec.engine.stats()
+    assert 0 < stats["spec_accepted_tokens"] < stats["spec_draft_tokens"]     # kept and rolled back
+
+
+@functools.lru_cache(maxsize=None)
+def _spec_engine(k: int):
+    return LLM(MODELS["glm5_next"](), dtype="float32", page_size=16, max_num_seqs=8, num_pages=96, compile=True,
+               compile_sizes=SIZES["glm5_next"], enable_prefix_caching=True,
+               speculative_config={"method": "ngram", "num_speculative_tokens": k})
 
 
 @pytest.mark.slow

@@ -278,11 +278,15 @@ def _state_rows(llm, req) -> dict[str, torch.Tensor]:
     return rows
 
 
-@pytest.mark.parametrize("name", ["tiny-flash", "small-glm5_next"])
-def test_state_rows_after_each_accept_length_equal_the_plain_run(name):
+@pytest.mark.parametrize("name, static", [
+    ("tiny-flash", False), ("small-glm5_next", False),
+    pytest.param("small-glm5_next", True, marks=pytest.mark.slow)])
+def test_state_rows_after_each_accept_length_equal_the_plain_run(name, static):
     """Hybrid models (KDA recurrent + conv state, indexer tail; the preset and a hidden three-layer
     config): after every accept length 0..k, each state row equals the plain run's there (to
-    1e-5: verify and replay chunks round differently from single-token decode steps)."""
+    1e-5: verify and replay chunks round differently from single-token decode steps). ``static``:
+    the verify steps run through static graphs (k tokens per sequence, the stateful layers'
+    inputs kept in record buffers for the replay)."""
     m = _model(name)
     prompt = _prompts(m, 1, seed=61)[0]
     params = SamplingParams(max_tokens=80, temperature=0, ignore_eos=True)
@@ -296,8 +300,14 @@ def test_state_rows_after_each_accept_length_equal_the_plain_run(name):
     ref = req.output_token_ids
     assert plain.engine.cache.stateful
     k = 4
-    spec = _llm(m, k, enable_prefix_caching=False)
+    graphs = dict(compile=True, compile_sizes=(1,), max_num_seqs=1) if static else {}
+    spec = _llm(m, k, enable_prefix_caching=False, **graphs)
     spec.engine.scheduler.drafter = _Oracle({tuple(prompt): ref}, k)
+    if static:
+        assert spec.engine.runner.compiled.verify_rows == k + 1
+        verified = []
+        fits = spec.engine.runner._fits_graph
+        spec.engine.runner._fits_graph = lambda seqs: verified.append(fits(seqs) and bool(seqs[0].draft)) or fits(seqs)
     sreq = spec.engine.add_request("r", prompt, params)
     seen = set()
     while spec.engine.has_unfinished():
@@ -315,6 +325,8 @@ def test_state_rows_after_each_accept_length_equal_the_plain_run(name):
     assert sreq.output_token_ids == ref
     assert {0, k} <= seen and len(seen & set(range(1, k))) >= 2     # none, some and all drafts kept
     assert spec.engine.info.speculative["rollback_rows"] == spec.engine.info.num_state_slots
+    if static:      # the verify steps with k drafts ran in the graphs (fewer drafts near the end: eager)
+        assert sum(verified) >= len(seen)
 
 
 def test_rollback_rows_are_planned_and_reported():
@@ -326,8 +338,26 @@ def test_rollback_rows_are_planned_and_reported():
     assert info["rollback_bytes"] == info["rollback_rows"] * on.engine.info.bytes_per_slot
     assert on.engine.cache.tensors.num_state_rows == off.engine.cache.tensors.num_state_rows + info["rollback_rows"]
     assert "speculative decoding ngram k=2" in on.engine.describe_cache()
+    assert info["verify_in_graphs"] is None and "graphs" not in on.engine.describe_cache()
     llama = _llm(tiny_llama(), 2).engine.info.speculative
     assert llama["rollback_rows"] == 0 and llama["rollback_bytes"] == 0
+
+
+@pytest.mark.slow
+def test_static_graphs_verify_drafts_where_no_layer_keeps_state():
+    """With static graphs an n-gram verify step of llama runs through the decode graphs, and the
+    start-up line says so; the ids equal the eager engine's."""
+    m = tiny_llama()
+    llm = _llm(m, 2, compile=True, compile_sizes=(4,), max_num_seqs=2)
+    assert llm.engine.info.speculative["verify_in_graphs"] is True
+    assert "verify steps through static graphs" in llm.engine.describe_cache()
+    prompts = _prompts(m, 1, seed=5)
+    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    graphs = llm.engine.runner.compiled
+    got = llm.generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in _llm(m).generate(prompts, params)]
+    drafted, _ = _drafted(llm)
+    assert drafted > 0 and sum(graphs.calls.values()) > 0
 
 
 # ---- served ---------------------------------------------------------------------------------------

@@ -147,6 +147,31 @@ def test_prefix_hit_then_rejection_matches_plain(name):
     check_prefix_hit_then_rejection(m, _llm(m), lambda prompts, outs: _with_oracle(_llm(m, 3), prompts, outs, 3))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["small-glm5_next-kpool2-hc2", "small-glm_moe_dsa"])
+def test_static_graphs_draft_and_verify_with_the_ids_of_speculation_off(name):
+    """With static graphs the MTP layer drafts through a compiled region of its own (the catch-up
+    as decode rows where it keeps no per-sequence state, the chained steps always) and verify
+    steps run in graphs; greedy ids equal the eager engine without speculation, with the MTP
+    layer's own drafts and with an oracle's (both kept and rejected)."""
+    m = _model(name)
+    k = 3
+    prompts = _prompts(m, 3, seed=41)
+    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    want = [o.token_ids for o in _llm(m).generate(prompts, params)]
+    llm = _llm(m, k, compile=True, compile_sizes=(4,), max_num_seqs=4)
+    graphs = llm.engine.runner.compiled
+    assert graphs.mtp and llm.engine.info.speculative["verify_in_graphs"]
+    assert [o.token_ids for o in llm.generate(prompts, params)] == want          # the MTP layer's drafts
+    assert graphs.draft_calls > 0
+    _with_oracle(llm, prompts, want, k)
+    before = sum(graphs.calls.values())
+    assert [o.token_ids for o in llm.generate(prompts, params)] == want
+    drafted, accepted = _drafted(llm)
+    assert 0 < accepted < drafted
+    assert sum(graphs.calls.values()) > before
+
+
 # ---- the drafts themselves ------------------------------------------------------------------------
 def _reference_drafts(model, cfg, tokens: list[int], k: int) -> list[int]:
     """Spec §1.10 by one plain forward: the target over ``tokens[:-1]`` (all computed positions),

@@ -18,6 +18,13 @@ Each layer sees its own pool views through ``_LayerCache``, which answers every 
 would mean one graph per layer). ``regional=False`` compiles the whole forward per bucket (the
 earlier mechanism, kept for comparison and for models without a ``layer_call`` hook).
 
+Speculative decoding: a verify step (each sequence's last token and its drafts) of a model
+without per-sequence state runs through the decode graphs, one row per verified token (see
+``ModelRunner._run_compiled``); a model with per-sequence state (KDA, pooled indexer tails) gets
+graphs of its own for ``verify_rows`` tokens per sequence, whose stateful layers keep their inputs
+in record buffers for the rollback's replay. With MTP drafting (``mtp=True``) the MTP layer's
+``draft`` is one more compiled region, run over padded decode batches.
+
 Graph backends: ``torch.compile`` (Inductor) on CPU. On CUDA the same padded batches are what
 CUDA-graph capture needs, and ``cuda_graph_mode`` switches Inductor to its CUDA-graph trees; the
 models are not touched. That path is untested (no GPU was lent to the builds so far).
@@ -82,9 +89,11 @@ class _ZeroRows:
 
 class _LayerCache:
     """One layer's pool views in the shape the layer code reads them (``CacheTensors``): its spec
-    maps every layer id to row 0 and ``layer(name, 0)`` is this layer's view of pool ``name``."""
+    maps every layer id to row 0 and ``layer(name, 0)`` is this layer's view of pool ``name``;
+    ``record`` (a stateful layer's input over a verify step, see ``ForwardBatch.keep_input``) is
+    its record buffer."""
 
-    def __init__(self, cache: CacheTensors, layer_id: int):
+    def __init__(self, cache: CacheTensors, layer_id: int, record: torch.Tensor | None = None):
         spec = cache.spec
         rows: dict[str, int] = {}
         if layer_id in spec.latent_layers:
@@ -94,6 +103,8 @@ class _LayerCache:
         if layer_id in spec.kda_layers:
             rows.update(dict.fromkeys(("conv", "recurrent"), spec.kda_row(layer_id)))
         self.views = {name: cache.layer(name, row) for name, row in rows.items()}
+        if record is not None:
+            self.views["record"] = record
         self.page_size = spec.page_size
         self.index_row_of = _ZeroRows()
         self.spec = self
@@ -120,13 +131,17 @@ def _whole_forward(model: torch.nn.Module, batch: ForwardBatch) -> torch.Tensor:
     return model(batch)
 
 
-def _mark_dynamic(value, size: int, history: int, depth: int = 0) -> None:
-    """Mark the batch dimension (dim 0 of ``size``, when > 1) and history-length dimensions of
-    the tensors a region is handed (hidden states, selections, an attention plan's gather rows
-    and masks) dynamic, as ``run`` does for the batch's own tensors: one graph serves every
-    bucket >= 2 and every table width."""
+def _draft_region(layer: torch.nn.Module, embed_tokens: torch.nn.Module, batch: ForwardBatch, hidden: torch.Tensor):
+    return layer.draft(embed_tokens, batch, hidden)
+
+
+def _mark_dynamic(value, size: int, history: int, rows: int, depth: int = 0) -> None:
+    """Mark the batch dimensions (dim 0 of ``size`` sequences or ``rows`` tokens, when > 1) and
+    history-length dimensions of the tensors a region is handed (hidden states, selections, an
+    attention plan's gather rows and masks) dynamic, as ``run`` does for the batch's own
+    tensors: one graph serves every bucket >= 2 and every table width."""
     if isinstance(value, torch.Tensor):
-        if size > 1 and value.dim() and value.shape[0] == size:
+        if size > 1 and value.dim() and value.shape[0] in (size, rows):
             torch._dynamo.maybe_mark_dynamic(value, 0)
         # history dims only inside plan objects: a hidden width may equal it by chance
         for d in range(1, value.dim() if depth > 2 else 0):
@@ -134,10 +149,10 @@ def _mark_dynamic(value, size: int, history: int, depth: int = 0) -> None:
                 torch._dynamo.maybe_mark_dynamic(value, d)
     elif depth < 5 and isinstance(value, (list, tuple)):
         for v in value:
-            _mark_dynamic(v, size, history, depth + 1)
+            _mark_dynamic(v, size, history, rows, depth + 1)
     elif depth < 5 and hasattr(value, "__dict__") and not isinstance(value, torch.nn.Module):
         for v in vars(value).values():
-            _mark_dynamic(v, size, history, depth + 1)
+            _mark_dynamic(v, size, history, rows, depth + 1)
 
 
 def _own_copy(fn):
@@ -161,7 +176,7 @@ class CompiledDecode:
 
     def __init__(self, model: torch.nn.Module, cache: CacheTensors, sizes, index_topk: int | None,
                  min_width: int = 1, mode: str | None = None, ops: KernelBackend | None = None,
-                 regional: bool = True, backend: str = "inductor"):
+                 regional: bool = True, backend: str = "inductor", verify_rows: int = 1, mtp: bool = False):
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = compile_cache_dir()
         self.model = model
         self.cache = cache
@@ -182,7 +197,31 @@ class CompiledDecode:
         if not self.regional:
             self._whole = self._compiled(())
         self.calls = {b: 0 for b in self.sizes}
+        self.draft_calls = 0        # MTP layer passes through its region (``draft``)
+        self.mtp = mtp and self.regional
         self._warmed = False
+        # Speculative verify steps of a model with per-sequence state (regional only): graphs for
+        # ``verify_rows`` tokens per sequence, the stateful layers' inputs kept in record buffers
+        # (one per layer, rows of the largest bucket) for the rollback's replay.
+        self.verify_rows = verify_rows if self.regional else 1
+        self.records: dict[int, torch.Tensor] = {}
+        if self.verify_rows > 1:
+            spec = cache.spec
+            stateful = (set(spec.kda_layers) | (set(spec.index_layers) if spec.kpool > 1 else set())) \
+                - set(spec.mtp_layers)
+            self.records = {i: torch.zeros(self.max_size * self.verify_rows, self.hidden_size, dtype=self._dtype(),
+                                           device=cache.device) for i in sorted(stateful)}
+
+    def _embedding(self) -> torch.Tensor:
+        return next(p for n, p in self.model.named_parameters() if "embed_tokens" in n)
+
+    @property
+    def hidden_size(self) -> int:
+        """The model's hidden size (its embedding's width)."""
+        return self._embedding().shape[1]
+
+    def _dtype(self) -> torch.dtype:
+        return self._embedding().dtype
 
     @property
     def mode_name(self) -> str:
@@ -202,12 +241,12 @@ class CompiledDecode:
     def num_graphs(self) -> int:
         return sum(self.graphs_per_kind().values())
 
-    def _compiled(self, kind: tuple) -> tuple:
+    def _compiled(self, kind: tuple, region=None) -> tuple:
         """(plain function, its compiled form) for ``kind``, each kind with a code object of its
         own: torch.compile keeps graphs per code object, and a guard set that differs between
         layer kinds in which submodules exist cannot be told apart by the cheap guard check."""
         if kind not in self._graphs:
-            fn = _own_copy(_call_region if self.regional else _whole_forward)
+            fn = _own_copy(region or (_call_region if self.regional else _whole_forward))
             self._graphs[kind] = (fn, torch.compile(fn, dynamic=False, fullgraph=True, mode=self._mode,
                                                         backend=self._backend))
         return self._graphs[kind]
@@ -233,18 +272,51 @@ class CompiledDecode:
         return ForwardBatch.padded_decode(tokens, positions, tables, slots, self.cache, size, width,
                                           self.index_topk, ops=self.ops)
 
+    def batch_verify(self, tokens: list[list[int]], starts: list[int], tables: list[list[int]],
+                     slots: list[int]) -> ForwardBatch:
+        """A verify step: each sequence's last token and its drafts, ``verify_rows`` tokens."""
+        size = self.bucket(len(tokens))
+        if size is None or self.verify_rows < 2:
+            raise ValueError(f"{len(tokens)} sequences do not fit a compiled verify step "
+                             f"(buckets {self.sizes}, {self.verify_rows} rows per sequence)")
+        # the table covers every row's position, padding tokens included: past a sequence's own
+        # pages the table holds the null page, so their rows never land on a page in use
+        page = self.cache.spec.page_size
+        width = self.width(max(max(len(t), (c + self.verify_rows - 1) // page + 1) for t, c in zip(tables, starts)))
+        return ForwardBatch.padded_verify(tokens, starts, tables, slots, self.cache, size, width, self.verify_rows,
+                                          self.index_topk, ops=self.ops)
+
+    def recorded(self, rows: int) -> dict[int, torch.Tensor]:
+        """What the stateful layers kept over the last verify step's first ``rows`` rows."""
+        return {layer: buf[:rows] for layer, buf in self.records.items()}
+
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         """Hidden states of every row of a padded batch (padding rows included)."""
+        size = self._mark_batch(batch)
+        self.calls[size] += 1
+        if self.regional:
+            return self.model(batch, layer_call=self._layer_call)
+        return self._guarded(self._whole[1], self.model, batch)
+
+    def draft(self, batch: ForwardBatch, hidden: torch.Tensor) -> torch.Tensor:
+        """The model's MTP layer over a padded decode batch (``hidden``: one row per batch row,
+        padding included) through its compiled region (``mtp=True``)."""
+        if not self.mtp:
+            raise RuntimeError("this compiled decode was built without the MTP layer's region")
+        self._mark_batch(batch)
+        self.draft_calls += 1
+        return self.model.mtp(batch, hidden, draft_call=self._draft_call)
+
+    @staticmethod
+    def _mark_batch(batch: ForwardBatch) -> int:
+        """Mark the batch's sequence / row dimensions and table width dynamic; its bucket size."""
         size = batch.state_slots.shape[0]
         torch._dynamo.maybe_mark_dynamic(batch.block_tables, 1)
         if size > 1:
             for t in (batch.input_ids, batch.positions, batch.cu_q, batch.ctx_lens_t, batch.block_tables,
                       batch.slot_mapping, batch.state_slots, batch.seq_of_token):
                 torch._dynamo.maybe_mark_dynamic(t, 0)
-        self.calls[size] += 1
-        if self.regional:
-            return self.model(batch, layer_call=self._layer_call)
-        return self._guarded(self._whole[1], self.model, batch)
+        return size
 
     def _guarded(self, graph, *args):
         with _no_duck_shapes:
@@ -266,12 +338,25 @@ class CompiledDecode:
         layer's own views (see ``_LayerCache``)."""
         known = self._layers.get(id(layer))
         if known is None:
-            known = self._layers[id(layer)] = (_LayerCache(self.cache, layer.self_attn.layer_id),
+            layer_id = layer.self_attn.layer_id
+            known = self._layers[id(layer)] = (_LayerCache(self.cache, layer_id, self.records.get(layer_id)),
                                                self._compiled(_layer_kind(layer)))
         local, (_, graph) = known
         history = batch.block_tables.shape[1] * batch.page_size
-        _mark_dynamic((x, extra), batch.state_slots.shape[0], history)
+        _mark_dynamic((x, extra), batch.state_slots.shape[0], history, batch.input_ids.shape[0])
         return self._guarded(graph, layer, x, dataclasses.replace(batch, cache=local), *extra)
+
+    def _draft_call(self, layer: torch.nn.Module, embed_tokens: torch.nn.Module, batch: ForwardBatch,
+                    hidden: torch.Tensor) -> torch.Tensor:
+        """The MTP layer's ``draft`` through a compiled region of its own kind (as ``_layer_call``)."""
+        known = self._layers.get(id(layer))
+        if known is None:
+            known = self._layers[id(layer)] = (_LayerCache(self.cache, layer.self_attn.layer_id),
+                                               self._compiled(("draft",) + _layer_kind(layer), _draft_region))
+        local, (_, graph) = known
+        history = batch.block_tables.shape[1] * batch.page_size
+        _mark_dynamic((hidden,), batch.state_slots.shape[0], history, batch.input_ids.shape[0])
+        return self._guarded(graph, layer, embed_tokens, dataclasses.replace(batch, cache=local), hidden)
 
     @torch.inference_mode()
     def warm_up(self) -> WarmUp:
@@ -283,7 +368,13 @@ class CompiledDecode:
                 batch = ForwardBatch.padded_decode([], [], [], [], self.cache, size, self.width(pages),
                                                    self.index_topk, ops=self.ops)
                 self.run(batch)
+                if self.verify_rows > 1:
+                    self.run(ForwardBatch.padded_verify([], [], [], [], self.cache, size, self.width(pages),
+                                                        self.verify_rows, self.index_topk, ops=self.ops))
+                if self.mtp:
+                    self.draft(batch, torch.zeros(size, self.hidden_size, dtype=self._dtype(), device=self.cache.device))
         self.calls = {b: 0 for b in self.sizes}
+        self.draft_calls = 0
         self._warmed = True
         took = time.monotonic() - start
         return WarmUp(took, self.sizes, os.environ["TORCHINDUCTOR_CACHE_DIR"], self.mode_name, self.num_graphs)

@@ -53,7 +53,8 @@ class EngineInfo:
     # float linears' weight format (engine arg linear_kernel): {"format", "why", "linears", "extra_bytes"}
     linear_kernel: dict | None = None
     # speculative decoding: the parsed speculative_config plus "rollback_rows" and "rollback_bytes"
-    # (a state row per slot for stateful models); None = off
+    # (a state row per slot for stateful models) and "verify_in_graphs" (None without static
+    # graphs); None = off
     speculative: dict | None = None
 
     # fields of the info that are not part of the start-up report (kept as it always was)
@@ -109,7 +110,10 @@ class EngineInfo:
         if s.get("rejection_sample_method") == "synthetic":
             what += (f", SYNTHETIC acceptance, mean length {s['synthetic_acceptance_length']:g}: outputs are "
                      "not the model's (speed measurements only)")
-        return f"; speculative decoding {s['method']} k={s['num_speculative_tokens']} {what}, {rollback}"
+        graphs = {None: "", True: ", verify steps through static graphs",
+                  False: ", verify steps eager (per-sequence state, whole-model graphs)"}
+        return (f"; speculative decoding {s['method']} k={s['num_speculative_tokens']} {what}, {rollback}"
+                + graphs[s.get("verify_in_graphs")])
 
     def _describe_prefix_cache(self) -> str:
         if not self.prefix_caching:

@@ -70,7 +70,8 @@ class LLMEngine:
         compiled = self._compiled_decode(spec, max_running) if args.compile else None
         self.grammars = Grammars(self.tokenizer, self.config.vocab_size, self.config.eos_token_ids)
         s = self.speculative
-        mtp_pass = MtpPass(self.model, self.cache, s.num_speculative_tokens, args.index_topk, self.ops) if mtp else None
+        mtp_pass = (MtpPass(self.model, self.cache, s.num_speculative_tokens, args.index_topk, self.ops, compiled)
+                    if mtp else None)
         self.runner = ModelRunner(self.model, self.cache, args.seed, args.index_topk, compiled, self.grammars,
                                   ops=self.ops, mtp=mtp_pass, synthetic_rate=s.synthetic_rate if s else None)
         self.requests: dict[str, Request] = {}
@@ -156,10 +157,16 @@ class LLMEngine:
 
     def _compiled_decode(self, spec, max_running: int) -> CompiledDecode:
         args = self.args
-        sizes = [b for b in args.compile_sizes if b < max_running] + [min(max_running, args.compile_sizes[-1])]
+        # buckets count rows: a stateless model verifies drafts as one row per token
+        s = self.speculative
+        rows = max_running * (1 + s.num_speculative_tokens if s is not None and not spec.needs_state_slot else 1)
+        sizes = [b for b in args.compile_sizes if b < rows] + [min(rows, args.compile_sizes[-1])]
+        # a model with per-sequence state verifies drafts in graphs of its own (1 + k tokens each)
+        verify_rows = 1 + s.num_speculative_tokens if s is not None and spec.needs_state_slot else 1
         return CompiledDecode(self.model, self.cache.tensors, sizes, args.index_topk,
                               min_width=-(-(self.index_topk or 0) // spec.page_size),
-                              mode=cuda_graph_mode(args.device), ops=self.ops)
+                              mode=cuda_graph_mode(args.device), ops=self.ops, verify_rows=verify_rows,
+                              mtp=self.speculative is not None and self.speculative.method == "mtp")
 
     def _engine_info(self, spec, plan: CachePlan, max_running: int, loaded_here: bool) -> EngineInfo:
         args, config = self.args, self.config
@@ -192,7 +199,11 @@ class LLMEngine:
             speculative=None if self.speculative is None else {
                 **self.speculative.as_dict(), "rollback_rows": plan.num_draft_rows,
                 "mtp_bytes_per_token": spec.mtp_bytes_per_token(dtype_name),
-                "rollback_bytes": plan.num_draft_rows * spec.draft_rollback_bytes_per_sequence(dtype_name)},
+                "rollback_bytes": plan.num_draft_rows * spec.draft_rollback_bytes_per_sequence(dtype_name),
+                # static graphs: verify steps run through them (with per-sequence state, regional
+                # graphs and k drafts for every sequence of the step)
+                "verify_in_graphs": None if self.runner.compiled is None
+                else not spec.needs_state_slot or self.runner.compiled.verify_rows > 1},
         )
 
     def _warm_up(self) -> None:

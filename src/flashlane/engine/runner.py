@@ -48,8 +48,7 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, sched: SchedulerOutput) -> list[SeqResult]:
         seqs = sched.seqs
-        if (self.compiled is not None and len(seqs) <= self.compiled.max_size
-                and all(s.num_new == 1 for s in seqs)):
+        if self._fits_graph(seqs):
             return self._run_compiled(seqs)
         new_tokens, starts, tables, slots = [], [], [], []
         for s in seqs:
@@ -58,12 +57,7 @@ class ModelRunner:
             starts.append(c)
             tables.append(self.cache.block_table(s.req))
             slots.append(self.cache.state_slot(s.req))
-        drafting = [b for b, s in enumerate(seqs) if s.draft]
-        kept = {}
-        if drafting and self.cache.stateful:      # the state before the drafts, for a rollback
-            for b in drafting:
-                kept[b] = self.cache.draft_row(seqs[b].req)
-                self.cache.snapshots.copy(slots[b], kept[b])
+        kept = self._keep_states(seqs, slots)
         batch = ForwardBatch.build(new_tokens, starts, tables, slots, self.cache.tensors, self.index_topk,
                                    ops=self.ops)
         if kept:
@@ -77,33 +71,95 @@ class ModelRunner:
             self.mtp.run(seqs, starts, tables, slots, cu, hidden, results)
         return results
 
+    def _keep_states(self, seqs, slots: list[int], every: bool = False) -> dict[int, int]:
+        """The state of every sequence with drafts (``every``: of every sequence) before a verify
+        step, for a rollback: sequence -> the row it was copied to (none for models without
+        per-sequence state)."""
+        kept = {}
+        if self.cache.stateful:
+            for b, s in enumerate(seqs):
+                if s.draft or every:
+                    kept[b] = self.cache.draft_row(s.req)
+                    self.cache.snapshots.copy(slots[b], kept[b])
+        return kept
+
     def _roll_back(self, seqs, results, new_tokens, starts, tables, slots, kept: dict[int, int],
                    record: dict, cu: list[int]) -> None:
-        """Sequences that rejected drafts get their state back from before the verify step and
-        advance it again over the tokens they kept, from the inputs the stateful layers recorded
-        in the verify forward (``models.state_replay``): every state row then holds what a run
-        without drafts would. Pages need nothing: the rows past the accepted tokens are simply
-        overwritten later."""
-        replay = [b for b in kept if len(results[b].tokens) - 1 < len(seqs[b].draft)]
+        """Sequences that rejected drafts (or, in a padded verify batch, ran past their own
+        tokens: ``new_tokens[b]`` is what the forward computed) get their state back from before
+        the verify step and advance it again over the tokens they kept, from the inputs the
+        stateful layers recorded in the verify forward (``models.state_replay``): every state row
+        then holds what a run without drafts would. Pages need nothing: the rows past the
+        accepted tokens are simply overwritten later."""
+        def kept_tokens(b: int) -> int:
+            r = results[b]
+            gained = len(r.tokens) if r.tokens is not None else int(r.token is not None)
+            return seqs[b].num_known + max(gained - 1, 0)
+
+        replay = [b for b in kept if kept_tokens(b) < len(new_tokens[b])]
         if not replay:
             return
         for b in replay:
             self.cache.snapshots.copy(kept[b], slots[b])
-        keep = [new_tokens[b][: seqs[b].num_known + len(results[b].tokens) - 1] for b in replay]
+        keep = [new_tokens[b][: kept_tokens(b)] for b in replay]
         rows = torch.tensor([cu[b] + j for b, k in zip(replay, keep) for j in range(len(k))], dtype=torch.long)
         batch = ForwardBatch.build(keep, [starts[b] for b in replay], [tables[b] for b in replay],
                                    [slots[b] for b in replay], self.cache.tensors, self.index_topk, ops=self.ops)
         with profiling_range("draft_rollback"):
             self.state_replay(record, rows, batch)
 
+    def _fits_graph(self, seqs) -> bool:
+        """Whether a static graph runs this step: decode sequences only (with or without drafts).
+        Without per-sequence state their rows must fit the largest bucket; with it, the
+        sequences must (drafts are at most ``verify_rows - 1``: a compiled verify step)."""
+        if self.compiled is None or any(s.num_known != 1 for s in seqs):
+            return False
+        if not any(s.draft for s in seqs):
+            return len(seqs) <= self.compiled.max_size
+        if not self.cache.stateful:
+            return sum(s.num_new for s in seqs) <= self.compiled.max_size
+        return (self.compiled.verify_rows > 1 and len(seqs) <= self.compiled.max_size
+                and all(s.num_new <= self.compiled.verify_rows for s in seqs))
+
     def _run_compiled(self, seqs) -> list[SeqResult]:
+        """One padded batch through the static graphs.
+
+        Without per-sequence state, a sequence with drafts takes one decode row per verified
+        token (positions c..c+k, its block table on each), as if each were a sequence of its own
+        ending there: each row writes its own K/V (latent, index key) row before attending up to
+        its position, as every decode row does, so row j sees rows 0..j of this step (causal
+        attention over the drafts in the graphs compiled for decode). With per-sequence state
+        (KDA, pooled indexer tails) the state must advance token by token: a verify batch of
+        ``verify_rows`` tokens per sequence runs the graphs compiled for it, a sequence with
+        fewer drafts (a page boundary, its output limit) padded with token 0 at the following
+        positions (their rows land on the null page or are overwritten later), and every
+        sequence whose kept tokens end before its rows do is rolled back from the state kept
+        before the step and the inputs the stateful layers left in their record buffers, as
+        after an eager step."""
         starts = [s.req.num_computed_tokens for s in seqs]
         tables = [self.cache.block_table(s.req) for s in seqs]
         slots = [self.cache.state_slot(s.req) for s in seqs]
-        batch = self.compiled.batch([s.req.all_token_ids[c] for s, c in zip(seqs, starts)], starts, tables, slots)
-        hidden = self.compiled.run(batch)
-        cu = list(range(len(seqs) + 1))
+        cu = [0]
+        for s in seqs:
+            cu.append(cu[-1] + s.num_new)
+        verify = self.cache.stateful and any(s.draft for s in seqs)
+        kept = self._keep_states(seqs, slots, every=True) if verify else {}
+        if verify:
+            q = self.compiled.verify_rows
+            new_tokens = [[s.req.all_token_ids[c]] + s.draft + [0] * (q - s.num_new) for s, c in zip(seqs, starts)]
+            cu = [b * q for b in range(len(seqs) + 1)]
+            hidden = self.compiled.run(self.compiled.batch_verify(new_tokens, starts, tables, slots))
+        else:
+            tokens, positions, row_tables, row_slots = [], [], [], []
+            for s, c, table, slot in zip(seqs, starts, tables, slots):
+                tokens += [s.req.all_token_ids[c]] + s.draft
+                positions += range(c, c + s.num_new)
+                row_tables += [table] * s.num_new
+                row_slots += [slot] * s.num_new
+            hidden = self.compiled.run(self.compiled.batch(tokens, positions, row_tables, row_slots))
         results = self._timed_sample(seqs, starts, cu, hidden)
+        if kept:
+            self._roll_back(seqs, results, new_tokens, starts, tables, slots, kept, self.compiled.recorded(cu[-1]), cu)
         if self.mtp is not None:
             self.mtp.run(seqs, starts, tables, slots, cu, hidden, results)
         return results
@@ -141,7 +197,7 @@ class ModelRunner:
         verify_rows: dict[int, int] = {}          # a sequence with drafts: its first row (1 + drafts rows)
         prompt_rows: dict[int, tuple[int, list[int]]] = {}
         for b, s in enumerate(seqs):
-            req = s.req
+            req, end = s.req, cu[b] + s.num_new      # (a padded verify batch has rows past ``end``)
             if req.prompt_logprobs is not None and len(req.prompt_logprobs) < req.num_prompt_tokens:
                 # logits at position p score prompt token p + 1
                 first = len(req.prompt_logprobs) - 1
@@ -152,10 +208,10 @@ class ModelRunner:
                     rows.extend(cu[b] + p - starts[b] for p in positions)
             if s.draft:
                 verify_rows[b] = len(rows)
-                rows.extend(range(cu[b + 1] - 1 - len(s.draft), cu[b + 1]))
+                rows.extend(range(end - 1 - len(s.draft), end))
             elif s.samples:
                 sample_row[b] = len(rows)
-                rows.append(cu[b + 1] - 1)
+                rows.append(end - 1)
         results = [SeqResult() for _ in seqs]
         if not rows:
             return results

@@ -98,6 +98,21 @@ def kda_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tenso
     return out.squeeze(1)
 
 
+def kda_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+              state_pool: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor | None, steps: int) -> torch.Tensor:
+    """``steps`` tokens for each of ``B`` sequences (rows ``b * steps + j``; a static verify step)
+    from and into ``state_pool[slots]``: q, k, g [B * steps, H, Dk], v [B * steps, H, Dv],
+    beta [B * steps, H] -> o [B * steps, H, Dv]."""
+    b = slots.shape[0]
+    state = state_pool.index_select(0, slots)
+    if fresh is not None:
+        state = state.masked_fill(fresh.view(-1, 1, 1, 1), 0.0)
+    split = lambda t: t.reshape(b, steps, *t.shape[1:])  # noqa: E731
+    out, state = kda_recurrent(split(q), split(k), split(v), split(g), split(beta), state)
+    state_pool.index_copy_(0, slots, state.to(state_pool.dtype))
+    return out.reshape(v.shape)
+
+
 def kda_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
               initial_state: torch.Tensor | None = None, chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunked (WY) KDA, same signature and result as :func:`kda_recurrent`.

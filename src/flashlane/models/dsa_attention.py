@@ -57,8 +57,8 @@ class Indexer(KeepFp32):
         keys, key_scale = cache.layer("index_keys", row), cache.layer("index_keys_scale", row)
         q = _rope_front(ops, self.wq_b(cq).view(n, self.n_heads, self.head_dim), self.rope_dim, cos_sin)
         w = self.weights_proj(x.to(self.weights_proj.weight.dtype)).float() * self.n_heads ** -0.5
-        if batch.record is not None and self.kpool > 1:
-            batch.record[self.layer_id] = x
+        if self.kpool > 1:
+            batch.keep_input(self.layer_id, x)
         self._write_keys(x, batch, cos_sin)
         return ops.select_positions(q, w, keys, key_scale, batch, topk=batch.index_topk or self.topk,
                                     kpool=self.kpool, always_select_tail=self.always_select_tail)

@@ -42,6 +42,10 @@ class ForwardBatch:
     # speculative decoding: the layers that keep per-sequence state put the inputs they saw here
     # (layer id -> [N, hidden]), so a rollback recomputes only that state (``models.state_replay``)
     record: dict | None = None
+    # A static verify batch (``padded_verify``): every sequence has this many new tokens, its
+    # rows ``b * rows_per_seq + j``; the stateful layers write their inputs into their record
+    # buffer (``keep_input``) instead of ``record``.
+    rows_per_seq: int = 1
 
     def __post_init__(self) -> None:
         if self.ops is None:
@@ -57,7 +61,19 @@ class ForwardBatch:
 
     @property
     def is_decode(self) -> bool:
-        return self.static or all(q == 1 for q in self.q_lens)
+        if self.static:
+            return self.rows_per_seq == 1
+        return all(q == 1 for q in self.q_lens)
+
+    def keep_input(self, layer_id: int, x: torch.Tensor) -> None:
+        """A stateful layer's input over this batch's tokens, kept for a speculative rollback: in
+        ``record`` (eager), or in the layer's record buffer of a static verify batch, which the
+        compiled step's per-layer cache view carries (``engine.compiled_decode``)."""
+        if self.static:
+            if self.rows_per_seq > 1:
+                self.cache.layer("record", 0)[: x.shape[0]].copy_(x)
+        elif self.record is not None:
+            self.record[layer_id] = x
 
     @property
     def start_lens(self) -> list[int]:
@@ -93,6 +109,35 @@ class ForwardBatch:
             input_ids=t(ids), positions=t(pos), q_lens=q_lens, ctx_lens=ctx, cu_q=cu.to(dev),
             ctx_lens_t=t(ctx), block_tables=tables.to(dev), slot_mapping=t(slots),
             state_slots=t(state_slots), seq_of_token=t(owner), cache=cache, index_topk=index_topk, ops=ops,
+        )
+
+    @classmethod
+    def padded_verify(cls, tokens: list[list[int]], starts: list[int], block_tables: list[list[int]],
+                      state_slots: list[int], cache: CacheTensors, size: int, width: int, q: int,
+                      index_topk: int | None = None, ops: KernelBackend | None = None) -> "ForwardBatch":
+        """Sequences of exactly ``q`` new tokens each (a speculative verify step: the last known
+        token and its drafts), from position ``starts[b]``, padded to ``size`` sequences of ``q``
+        rows on the null page and slot and block tables of ``width`` pages."""
+        n, page = len(tokens), cache.spec.page_size
+        if any(len(t) != q for t in tokens) or n > size or any(len(t) > width for t in block_tables):
+            raise ValueError(f"padded_verify: {n} sequences of {[len(t) for t in tokens]} tokens do not fit "
+                             f"{size} sequences of {q} tokens x {width} pages")
+        tables = torch.zeros(size, width, dtype=torch.long)
+        for b, t in enumerate(block_tables):
+            tables[b, : len(t)] = torch.tensor(t, dtype=torch.long)
+        first = torch.tensor(list(starts) + [0] * (size - n), dtype=torch.long)
+        pos = (first[:, None] + torch.arange(q)).reshape(-1)
+        seq = torch.arange(size).repeat_interleave(q)
+        slot_mapping = tables[seq, pos // page] * page + pos % page
+        slot_mapping[n * q:] = 0
+        dev = cache.device
+        t = lambda x: torch.tensor(x, dtype=torch.long, device=dev)  # noqa: E731
+        return cls(
+            input_ids=t([x for toks in tokens for x in toks] + [0] * ((size - n) * q)), positions=pos.to(dev),
+            q_lens=None, ctx_lens=None, cu_q=torch.arange(size + 1, device=dev) * q,
+            ctx_lens_t=(first + q).to(dev), block_tables=tables.to(dev), slot_mapping=slot_mapping.to(dev),
+            state_slots=t(list(state_slots) + [0] * (size - n)), seq_of_token=seq.to(dev),
+            cache=cache, index_topk=index_topk, static=True, ops=ops, rows_per_seq=q,
         )
 
     @classmethod

@@ -21,7 +21,7 @@ from .dsa_attention import DSAAttention
 from .forward_batch import ForwardBatch
 from .kda_attention import KDAAttention
 from .layers import MoE, RMSNorm, call_layer, dense_or_moe
-from .mtp import mtp_input
+from .mtp import call_draft, mtp_input
 
 
 class HyperConnection(nn.Module):
@@ -187,13 +187,14 @@ class Glm5NextForCausalLM(nn.Module):
         with profiling_range("lm_head"):
             return self.lm_head(hidden)
 
-    def mtp(self, batch: ForwardBatch, hidden: torch.Tensor) -> torch.Tensor:
-        """The first MTP layer over ``batch`` (next tokens as input ids) and the previous hidden states."""
+    def mtp(self, batch: ForwardBatch, hidden: torch.Tensor, draft_call=call_draft) -> torch.Tensor:
+        """The first MTP layer over ``batch`` (next tokens as input ids) and the previous hidden
+        states (``draft_call``: how its ``draft`` is called, see ``models.mtp.call_draft``)."""
         if not self.with_mtp:
             raise RuntimeError("this model was built without its MTP layer (the checkpoint has none)")
         text = self.model.language_model
         with profiling_range("mtp"):
-            return text.layers[self.config.num_layers].draft(text.embed_tokens, batch, hidden)
+            return draft_call(text.layers[self.config.num_layers], text.embed_tokens, batch, hidden)
 
     def post_load(self) -> None:
         """Nothing derived: the absorbed MLA projections are views of ``kv_b_proj``."""

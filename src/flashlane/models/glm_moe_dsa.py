@@ -15,7 +15,7 @@ from ..trace_ranges import profiling_range
 from .dsa_attention import DSAAttention
 from .forward_batch import ForwardBatch
 from .layers import MoE, RMSNorm, call_layer, dense_or_moe
-from .mtp import mtp_input
+from .mtp import call_draft, mtp_input
 
 
 class DecoderLayer(nn.Module):
@@ -117,12 +117,13 @@ class GlmMoeDsaForCausalLM(nn.Module):
         with profiling_range("lm_head"):
             return self.lm_head(hidden)
 
-    def mtp(self, batch: ForwardBatch, hidden: torch.Tensor) -> torch.Tensor:
-        """The first MTP layer over ``batch`` (next tokens as input ids) and the previous hidden states."""
+    def mtp(self, batch: ForwardBatch, hidden: torch.Tensor, draft_call=call_draft) -> torch.Tensor:
+        """The first MTP layer over ``batch`` (next tokens as input ids) and the previous hidden
+        states (``draft_call``: how its ``draft`` is called, see ``models.mtp.call_draft``)."""
         if not self.with_mtp:
             raise RuntimeError("this model was built without its MTP layer (the checkpoint has none)")
         with profiling_range("mtp"):
-            return self.model.layers[self.config.num_layers].draft(self.model.embed_tokens, batch, hidden)
+            return draft_call(self.model.layers[self.config.num_layers], self.model.embed_tokens, batch, hidden)
 
     def post_load(self) -> None:
         """Nothing derived: the absorbed MLA projections are views of ``kv_b_proj``."""

@@ -79,8 +79,7 @@ class KDAAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """x [N, hidden] (normed block input) -> [N, hidden]; updates this layer's state slots."""
-        if batch.record is not None:
-            batch.record[self.layer_id] = x
+        batch.keep_input(self.layer_id, x)
         n = x.shape[0]
         out = self._advance_state(x, batch)
         gate = self.g_b_proj(self.g_a_proj(x)).view(n, self.heads, self.head_dim)

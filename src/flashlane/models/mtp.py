@@ -15,6 +15,13 @@ from torch import nn
 from .forward_batch import ForwardBatch
 
 
+def call_draft(layer: nn.Module, embed_tokens: nn.Module, batch: ForwardBatch, hidden: torch.Tensor) -> torch.Tensor:
+    """How a model calls its MTP layer: ``layer.draft(embed_tokens, batch, hidden)``. A model's
+    ``mtp(batch, hidden, draft_call=...)`` takes another caller of this signature (static graphs
+    run the layer through a compiled region)."""
+    return layer.draft(embed_tokens, batch, hidden)
+
+
 def mtp_input(layer: nn.Module, embed_tokens: nn.Module, batch: ForwardBatch, hidden: torch.Tensor) -> torch.Tensor:
     """``batch.input_ids`` hold each position's *next* token; ``hidden`` [N, H] the previous hidden states."""
     e = embed_tokens(batch.input_ids)

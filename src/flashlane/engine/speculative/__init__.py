@@ -4,8 +4,9 @@ verifies them beside the rest of the batch, and the caches keep only what was ac
 Built here: n-gram prompt lookup (any architecture, no weights), the models' own MTP layer (GLM),
 greedy verification and rejection sampling (and synthetic acceptance for benchmarks), and an
 exact rollback of per-sequence state (KDA recurrent + conv state, indexer tail) by snapshot and
-replay. Requests that ask for logprobs or follow a grammar decode
-one token per step as before.
+replay. With static graphs, verify steps and the MTP layer's passes run compiled where their
+shapes allow (``engine.compiled_decode``). Requests that ask for logprobs or follow a grammar
+decode one token per step as before.
 """
 
 from .config import SpeculativeConfig

@@ -38,9 +38,10 @@ class MtpDrafter:
 class MtpPass:
     """Runner side: the MTP layer's catch-up over a step's committed positions, then the drafts."""
 
-    def __init__(self, model, cache, num_tokens: int, index_topk: int | None, ops):
+    def __init__(self, model, cache, num_tokens: int, index_topk: int | None, ops, compiled=None):
         self.model, self.cache, self.k = model, cache, num_tokens
         self.index_topk, self.ops = index_topk, ops
+        self.compiled = compiled if compiled is not None and compiled.mtp else None   # static graphs
         spec = cache.spec
         self.page, self.kpool = spec.page_size, spec.kpool
         layer = spec.mtp_layers[0]
@@ -54,6 +55,23 @@ class MtpPass:
 
     def _batch(self, tokens, starts, tables, slots) -> ForwardBatch:
         return ForwardBatch.build(tokens, starts, tables, slots, self.cache.tensors, self.index_topk, ops=self.ops)
+
+    def _mtp(self, tokens, starts, tables, slots, h: torch.Tensor) -> torch.Tensor:
+        """The MTP layer over sequences' new tokens: through its static graph where it can run
+        them as decode rows (one token per sequence, or any number where the layer keeps no
+        per-sequence state: each token a row of its own, as a verify step's), else eagerly."""
+        c, rows = self.compiled, h.shape[0]
+        if c is None or rows > c.max_size or (self.tail is not None and any(len(t) != 1 for t in tokens)):
+            return self.model.mtp(self._batch(tokens, starts, tables, slots), h)
+        ids, positions, row_tables, row_slots = [], [], [], []
+        for toks, start, table, slot in zip(tokens, starts, tables, slots):
+            ids += toks
+            positions += range(start, start + len(toks))
+            row_tables += [table] * len(toks)
+            row_slots += [slot] * len(toks)
+        batch = c.batch(ids, positions, row_tables, row_slots)
+        pad = batch.state_slots.shape[0] - rows
+        return c.draft(batch, torch.cat([h, h.new_zeros(pad, h.shape[1])]) if pad else h)[:rows]
 
     def run(self, seqs, starts: list[int], tables, slots, cu: list[int], hidden: torch.Tensor, results) -> None:
         """After a step's forward (and any rollback): ``hidden`` holds the target's rows of every
@@ -98,13 +116,15 @@ class MtpPass:
         if not members:
             return
         h_in = torch.cat(parts)
-        batch = self._batch(toks, st, tb, sl)
         if page_ends:
             rows, pages = zip(*page_ends)
             self.hidden_pool[torch.tensor(pages, dtype=torch.long)] = h_in[torch.tensor(rows, dtype=torch.long)]
-        batch.record = {} if ring_rows else None
-        out = self.model.mtp(batch, h_in)
-        if ring_rows:
+        if not ring_rows:
+            out = self._mtp(toks, st, tb, sl, h_in)
+        else:              # the ring's entries come from the layer's recorded input: eager
+            batch = self._batch(toks, st, tb, sl)
+            batch.record = {}
+            out = self.model.mtp(batch, h_in)
             rows, flat = (torch.tensor(x, dtype=torch.long) for x in zip(*ring_rows))
             x = batch.record[self.indexer.layer_id][rows]
             self.ring_pool[flat] = self.indexer.tail_entries(x, batch.positions[rows], self.ops).to(self.ring_pool.dtype)
@@ -152,10 +172,8 @@ class MtpPass:
                 at = [active.index(b) for b in chain]
                 h = h[torch.tensor(at, dtype=torch.long)] if len(at) != h.shape[0] else h
                 reqs = [seqs[b].req for b in chain]
-                batch = self._batch([[r.draft_token_ids[-1]] for r in reqs],
-                                    [r.mtp_position + step - 1 for r in reqs],
-                                    [tables[b] for b in chain], [slots[b] for b in chain])
-                h = self.model.mtp(batch, h)
+                h = self._mtp([[r.draft_token_ids[-1]] for r in reqs], [r.mtp_position + step - 1 for r in reqs],
+                              [tables[b] for b in chain], [slots[b] for b in chain], h)
                 for r, t in zip(reqs, self.model.compute_logits(h).argmax(dim=-1).tolist()):
                     r.draft_token_ids.append(t)
                 step += 1

@@ -26,7 +26,8 @@ class VarlenBatch(Protocol):
     Token ``j`` of sequence ``b`` is flat row ``cu_q[b] + j`` at position
     ``ctx_lens[b] - q_lens[b] + j``; its cache row is ``slot_mapping`` in every paged pool.
     ``static``: a padded decode batch (one token per row, no host lists: ``q_lens`` and
-    ``ctx_lens`` are None), the shape a compiled step sees.
+    ``ctx_lens`` are None), the shape a compiled step sees; with ``rows_per_seq > 1`` a padded
+    verify batch (every sequence has that many new tokens, rows ``b * rows_per_seq + j``).
     """
 
     cu_q: torch.Tensor                 # [B + 1] int64
@@ -39,6 +40,7 @@ class VarlenBatch(Protocol):
     slot_mapping: torch.Tensor         # [N] int64
     state_slots: torch.Tensor          # [B] int64
     static: bool
+    rows_per_seq: int                  # new tokens per sequence of a static batch
 
     @property
     def is_decode(self) -> bool: ...   # every sequence has exactly one new token

@@ -187,6 +187,8 @@ class CpuBackend(KernelBackend):
                 return out
         if meta.is_decode:     # every sequence steps once: one batched recurrent step, no gathers
             return kda.kda_decode(q, k, v, g, beta, rec_state, slots, fresh)
+        if meta.static:        # a verify batch: every sequence steps rows_per_seq times
+            return kda.kda_steps(q, k, v, g, beta, rec_state, slots, fresh, meta.rows_per_seq)
         return _kda_mixed(q, k, v, g, beta, rec_state, slots, fresh, meta)
 
     # ---- DSA -------------------------------------------------------------------------------------
@@ -222,9 +224,10 @@ class CpuBackend(KernelBackend):
             state_slots=meta.state_slots, key_scale=key_scale)
 
     def select_positions(self, q, w, index_keys, key_scale, meta, *, topk, kpool, always_select_tail):
-        if meta.static:
+        if meta.static:        # each row on its own (a verify batch's rows: their sequence's table each)
+            tables = meta.block_tables if meta.rows_per_seq == 1 else meta.block_tables[meta.seq_of_token]
             return indexer.select_positions_decode(
-                q, w, index_keys, positions=meta.positions, block_tables=meta.block_tables,
+                q, w, index_keys, positions=meta.positions, block_tables=tables,
                 page_size=meta.page_size, topk=topk, kpool=kpool, always_select_tail=always_select_tail,
                 key_scale=key_scale)
         return indexer.select_positions(

@@ -42,12 +42,14 @@ class AttentionPlan:
         dev = batch.block_tables.device
         page = batch.page_size
         self.groups: list[_Group] = []
-        if batch.static:   # one token per row, history up to the table's width, masked by length
+        if batch.static:   # q tokens per sequence, history up to the table's width, masked by position
+            q = batch.rows_per_seq
             rows = self._rows(batch.block_tables, batch.block_tables.shape[1] * page, page)
             t = torch.arange(rows.shape[1], device=dev)
-            mask = (t[None, :] < batch.ctx_lens_t[:, None])[:, None, None, :]
-            self.groups.append(_Group(torch.arange(rows.shape[0], device=dev)[:, None], rows, mask,
-                                      batch.block_tables, batch.ctx_lens_t, rows.shape[1], every_row=True))
+            tokens = torch.arange(rows.shape[0] * q, device=dev).view(-1, q)
+            mask = (t <= batch.positions.view(-1, q, 1))[:, None]
+            self.groups.append(_Group(tokens, rows, mask, batch.block_tables if q == 1 else None,
+                                      batch.ctx_lens_t, rows.shape[1], every_row=True))
             return
         cu = [0]
         for q in batch.q_lens:
@@ -113,7 +115,7 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: tor
     num_kv = k.shape[1]
     write_rows(pool, pool_scale, meta.slot_mapping, torch.cat((k.reshape(n, -1), v.reshape(n, -1)), -1))
     native_decode = native_decode and paged_attention.supports(q, pool, pool_scale)
-    if native_decode and len(plan.groups) == 1 and plan.groups[0].every_row:
+    if native_decode and len(plan.groups) == 1 and plan.groups[0].every_row and plan.groups[0].tables is not None:
         g = plan.groups[0]
         return paged_attention.decode_attention(q, pool, g.tables, g.lens, num_kv, meta.page_size, longest=g.longest)
     out = torch.empty_like(q)
