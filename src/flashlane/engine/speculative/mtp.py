@@ -13,7 +13,8 @@ entries of the page's other last ``kpool - 1`` tokens, saved beside it (``mtp_ri
 back into the tail ring first (the ring itself has moved on since).
 Chained drafts write the MTP layer's rows past the committed tokens (into pages the scheduler
 reserved ahead, ``lookahead``); those rows are overwritten by the next step's pass, and the
-MTP layer's indexer tail (per-sequence state) is put back after the chain.
+MTP layer's indexer tail (per-sequence state) is put back after the chain. With static graphs
+the MTP layer runs in a compiled region of its own where its batch can be decode rows (``_mtp``).
 """
 
 from __future__ import annotations
