@@ -9,6 +9,8 @@ every request of a round produced as many tokens on both sides (greedy: they mus
 
     python benchmarks/speculative.py                      # -> benchmarks/results/speculative.json
     python benchmarks/speculative.py --quick --out /tmp/speculative.json
+    python benchmarks/speculative.py --compile            # both servers with static graphs
+                                                          # -> benchmarks/results/speculative_static.json
 """
 
 from __future__ import annotations
@@ -124,6 +126,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--k", type=int, default=3, help="num_speculative_tokens (default 3)")
     ap.add_argument("--threads", type=int, default=None, help="threads of both servers (default: CPUs less one)")
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    ap.add_argument("--compile", action="store_true",
+                    help="both servers with static graphs (--compile): verify steps run in the decode graphs")
     ap.add_argument("--work-dir", default=None)
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/speculative.json)")
     args = ap.parse_args(argv)
@@ -137,7 +141,8 @@ def main(argv: list[str] | None = None) -> None:
     env.pop("FLASHLANE_API_KEY", None)
     spec = json.dumps({"method": "ngram", "num_speculative_tokens": args.k})
     servers = {}
-    for side, extra in (("off", []), ("ngram", ["--speculative-config", spec])):
+    graphs = ["--compile"] if args.compile else []
+    for side, extra in (("off", graphs), ("ngram", graphs + ["--speculative-config", spec])):
         port = vv.free_port()
         servers[side] = vv.Server(side, vv.flashlane_command(MODEL, port, dtype, threads, extra), port, env,
                                   work / f"{side}.log", 600.0)
@@ -145,6 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     per_round: list[dict] = []
     result = {"model": MODEL, "cpu": vv.cpu_info(), "dtype": dtype,
               "dtype_reason": dtype_reason, "threads": threads, "speculative_config": json.loads(spec),
+              "static_graphs": args.compile,
               "quick": args.quick, "rounds": rounds, "order": "ABBA per round, A=off", "workload": wl,
               "goal": {"decode_tok_s_per_request": GOAL}, "work_dir": str(work)}
     t0 = time.monotonic()
@@ -174,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     })
     speed = result["paired"]["decode_tok_s_per_request"]["speedup"]
     result["meets_goal"] = None if speed is None else speed["ratio"] >= GOAL
-    write_result("speculative", result, args.out)
+    write_result("speculative_static" if args.compile else "speculative", result, args.out)
 
 
 if __name__ == "__main__":
