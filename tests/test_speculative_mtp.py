@@ -166,10 +166,16 @@ def test_static_graphs_draft_and_verify_with_the_ids_of_speculation_off(name):
     assert graphs.draft_calls > 0
     _with_oracle(llm, prompts, want, k)
     before = sum(graphs.calls.values())
+    shapes = []                           # tokens per sequence of each compiled MTP pass
+    draft = graphs.draft
+    graphs.draft = lambda batch, hidden: shapes.append(batch.rows_per_seq) or draft(batch, hidden)
     assert [o.token_ids for o in llm.generate(prompts, params)] == want
     drafted, accepted = _drafted(llm)
     assert 0 < accepted < drafted
     assert sum(graphs.calls.values()) > before
+    # accepted drafts leave several committed tokens to catch up on: with the indexer tail
+    # (kpool 2) they run q tokens per sequence in order, without it one row per token
+    assert (max(shapes) > 1) == (m.config.index_kpool > 1), shapes
 
 
 # ---- the drafts themselves ------------------------------------------------------------------------

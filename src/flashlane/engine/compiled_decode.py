@@ -176,7 +176,8 @@ class CompiledDecode:
 
     def __init__(self, model: torch.nn.Module, cache: CacheTensors, sizes, index_topk: int | None,
                  min_width: int = 1, mode: str | None = None, ops: KernelBackend | None = None,
-                 regional: bool = True, backend: str = "inductor", verify_rows: int = 1, mtp: bool = False):
+                 regional: bool = True, backend: str = "inductor", verify_rows: int = 1, mtp: bool = False,
+                 mtp_rows: tuple[int, ...] = ()):
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = compile_cache_dir()
         self.model = model
         self.cache = cache
@@ -199,6 +200,9 @@ class CompiledDecode:
         self.calls = {b: 0 for b in self.sizes}
         self.draft_calls = 0        # MTP layer passes through its region (``draft``)
         self.mtp = mtp and self.regional
+        # tokens per sequence of the MTP layer's catch-up graphs (a layer with per-sequence state
+        # takes a multi-token catch-up in order: one graph per count)
+        self.mtp_rows = tuple(mtp_rows) if self.mtp else ()
         self._warmed = False
         # Speculative verify steps of a model with per-sequence state (regional only): graphs for
         # ``verify_rows`` tokens per sequence, the stateful layers' inputs kept in record buffers
@@ -273,17 +277,18 @@ class CompiledDecode:
                                           self.index_topk, ops=self.ops)
 
     def batch_verify(self, tokens: list[list[int]], starts: list[int], tables: list[list[int]],
-                     slots: list[int]) -> ForwardBatch:
-        """A verify step: each sequence's last token and its drafts, ``verify_rows`` tokens."""
+                     slots: list[int], q: int | None = None) -> ForwardBatch:
+        """``q`` tokens per sequence (default ``verify_rows``: a verify step, each sequence's last
+        token and its drafts; the MTP layer's catch-up over ``q`` committed tokens)."""
+        q = q or self.verify_rows
         size = self.bucket(len(tokens))
-        if size is None or self.verify_rows < 2:
-            raise ValueError(f"{len(tokens)} sequences do not fit a compiled verify step "
-                             f"(buckets {self.sizes}, {self.verify_rows} rows per sequence)")
+        if size is None or q < 2:
+            raise ValueError(f"{len(tokens)} sequences of {q} tokens do not fit a compiled step (buckets {self.sizes})")
         # the table covers every row's position, padding tokens included: past a sequence's own
         # pages the table holds the null page, so their rows never land on a page in use
         page = self.cache.spec.page_size
-        width = self.width(max(max(len(t), (c + self.verify_rows - 1) // page + 1) for t, c in zip(tables, starts)))
-        return ForwardBatch.padded_verify(tokens, starts, tables, slots, self.cache, size, width, self.verify_rows,
+        width = self.width(max(max(len(t), (c + q - 1) // page + 1) for t, c in zip(tables, starts)))
+        return ForwardBatch.padded_verify(tokens, starts, tables, slots, self.cache, size, width, q,
                                           self.index_topk, ops=self.ops)
 
     def recorded(self, rows: int) -> dict[int, torch.Tensor]:
@@ -299,8 +304,9 @@ class CompiledDecode:
         return self._guarded(self._whole[1], self.model, batch)
 
     def draft(self, batch: ForwardBatch, hidden: torch.Tensor) -> torch.Tensor:
-        """The model's MTP layer over a padded decode batch (``hidden``: one row per batch row,
-        padding included) through its compiled region (``mtp=True``)."""
+        """The model's MTP layer over a padded batch (``hidden``: one row per batch row, padding
+        included) through its compiled region (``mtp=True``): decode rows, or ``mtp_rows``
+        tokens per sequence."""
         if not self.mtp:
             raise RuntimeError("this compiled decode was built without the MTP layer's region")
         self._mark_batch(batch)
@@ -373,6 +379,10 @@ class CompiledDecode:
                                                         self.verify_rows, self.index_topk, ops=self.ops))
                 if self.mtp:
                     self.draft(batch, torch.zeros(size, self.hidden_size, dtype=self._dtype(), device=self.cache.device))
+                for q in self.mtp_rows:
+                    self.draft(ForwardBatch.padded_verify([], [], [], [], self.cache, size, self.width(pages), q,
+                                                          self.index_topk, ops=self.ops),
+                               torch.zeros(size * q, self.hidden_size, dtype=self._dtype(), device=self.cache.device))
         self.calls = {b: 0 for b in self.sizes}
         self.draft_calls = 0
         self._warmed = True

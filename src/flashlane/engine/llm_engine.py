@@ -163,10 +163,13 @@ class LLMEngine:
         sizes = [b for b in args.compile_sizes if b < rows] + [min(rows, args.compile_sizes[-1])]
         # a model with per-sequence state verifies drafts in graphs of its own (1 + k tokens each)
         verify_rows = 1 + s.num_speculative_tokens if s is not None and spec.needs_state_slot else 1
+        mtp = s is not None and s.method == "mtp"
+        # the MTP layer's catch-up covers 1..k+1 committed tokens; with its indexer tail in order
+        catch_up = tuple(range(2, 2 + s.num_speculative_tokens)) if mtp and spec.kpool > 1 else ()
         return CompiledDecode(self.model, self.cache.tensors, sizes, args.index_topk,
                               min_width=-(-(self.index_topk or 0) // spec.page_size),
                               mode=cuda_graph_mode(args.device), ops=self.ops, verify_rows=verify_rows,
-                              mtp=self.speculative is not None and self.speculative.method == "mtp")
+                              mtp=mtp, mtp_rows=catch_up)
 
     def _engine_info(self, spec, plan: CachePlan, max_running: int, loaded_here: bool) -> EngineInfo:
         args, config = self.args, self.config

@@ -70,8 +70,9 @@ class ForwardBatch:
         ``record`` (eager), or in the layer's record buffer of a static verify batch, which the
         compiled step's per-layer cache view carries (``engine.compiled_decode``)."""
         if self.static:
-            if self.rows_per_seq > 1:
-                self.cache.layer("record", 0)[: x.shape[0]].copy_(x)
+            buf = self.cache.layer("record", 0) if self.rows_per_seq > 1 else None
+            if buf is not None:      # (the MTP layer's catch-up keeps nothing)
+                buf[: x.shape[0]].copy_(x)
         elif self.record is not None:
             self.record[layer_id] = x
 

@@ -58,11 +58,20 @@ class MtpPass:
         return ForwardBatch.build(tokens, starts, tables, slots, self.cache.tensors, self.index_topk, ops=self.ops)
 
     def _mtp(self, tokens, starts, tables, slots, h: torch.Tensor) -> torch.Tensor:
-        """The MTP layer over sequences' new tokens: through its static graph where it can run
-        them as decode rows (one token per sequence, or any number where the layer keeps no
-        per-sequence state: each token a row of its own, as a verify step's), else eagerly."""
+        """The MTP layer over sequences' new tokens: through its static graphs where their shape
+        allows (one token per sequence; any number where the layer keeps no per-sequence state,
+        each token a row of its own, as a verify step's; with its indexer tail, the same number
+        per sequence, one of ``mtp_rows``), else eagerly."""
         c, rows = self.compiled, h.shape[0]
-        if c is None or rows > c.max_size or (self.tail is not None and any(len(t) != 1 for t in tokens)):
+        counts = {len(t) for t in tokens}
+        if c is not None and self.tail is not None and counts != {1}:
+            q = counts.pop() if len(counts) == 1 else 0
+            if q in c.mtp_rows and len(tokens) <= c.max_size:
+                batch = c.batch_verify(tokens, starts, tables, slots, q)
+                pad = batch.input_ids.shape[0] - rows
+                return c.draft(batch, torch.cat([h, h.new_zeros(pad, h.shape[1])]) if pad else h)[:rows]
+            return self.model.mtp(self._batch(tokens, starts, tables, slots), h)
+        if c is None or rows > c.max_size:
             return self.model.mtp(self._batch(tokens, starts, tables, slots), h)
         ids, positions, row_tables, row_slots = [], [], [], []
         for toks, start, table, slot in zip(tokens, starts, tables, slots):
