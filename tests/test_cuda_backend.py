@@ -128,6 +128,17 @@ def _compare(meta, h=2, dk=16, dv=8, slots_total=6, seed=0) -> dict:
                                    if s not in meta.state_slots.tolist())}
 
 
+def test_a_static_verify_step_runs_the_plain_torch_steps():
+    """A static verify batch (q tokens per sequence, no host lists) never reaches fla's decode or
+    the host-list mixed path: the cuda backend steps it as the cpu backend does (no fla needed)."""
+    q_len, slots = 3, [2, 5]
+    meta = SimpleNamespace(static=True, rows_per_seq=q_len, is_decode=False, q_lens=None,
+                           cu_q=torch.arange(len(slots) + 1) * q_len, ctx_lens_t=torch.tensor([7, 12]),
+                           state_slots=torch.tensor(slots))
+    res = _compare(meta)
+    assert res["out"] < 1e-5 and res["pool"] < 1e-5 and res["untouched_equal"], res
+
+
 def _child() -> dict:
     """Runs in the child process (TRITON_INTERPRET=1): every number the parent test checks."""
     from fla.ops.kda import fused_recurrent_kda

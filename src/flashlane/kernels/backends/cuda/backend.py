@@ -124,6 +124,8 @@ class CudaBackend(CpuBackend):
         slots, fresh = meta.state_slots, fresh_sequences(meta)
         if meta.is_decode:
             return fla_kda_decode(q, k, v, g, beta, rec_state, slots, fresh)
+        if meta.static:        # a static verify batch (no host lists): the plain-torch steps
+            return super().kda(q, k, v, g, beta, rec_state, meta)
         return self._kda_mixed(q, k, v, g, beta, rec_state, slots, fresh, meta)
 
     def _kda_mixed(self, q, k, v, g, beta, rec_state, slots, fresh, meta):
