@@ -183,3 +183,14 @@ def test_compile_sizes_flag():
     for bad in ("1,x", "0", ""):
         with pytest.raises(SystemExit):
             p.parse_args(["--compile-sizes", bad])
+
+
+@pytest.mark.slow
+def test_verify_graphs_need_the_hidden_shape():
+    from flashlane.engine.compiled_decode import CompiledDecode
+
+    eng = _engines("glm5_next")[1].engine
+    with pytest.raises(ValueError, match="hidden"):
+        CompiledDecode(eng.model, eng.cache.tensors, (1,), None, verify_rows=3)
+    with pytest.raises(ValueError, match="hidden"):
+        CompiledDecode(eng.model, eng.cache.tensors, (1,), None, mtp=True)

@@ -177,7 +177,7 @@ class CompiledDecode:
     def __init__(self, model: torch.nn.Module, cache: CacheTensors, sizes, index_topk: int | None,
                  min_width: int = 1, mode: str | None = None, ops: KernelBackend | None = None,
                  regional: bool = True, backend: str = "inductor", verify_rows: int = 1, mtp: bool = False,
-                 mtp_rows: tuple[int, ...] = ()):
+                 mtp_rows: tuple[int, ...] = (), hidden: tuple[int, torch.dtype] | None = None):
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = compile_cache_dir()
         self.model = model
         self.cache = cache
@@ -208,24 +208,17 @@ class CompiledDecode:
         # ``verify_rows`` tokens per sequence, the stateful layers' inputs kept in record buffers
         # (one per layer, rows of the largest bucket) for the rollback's replay.
         self.verify_rows = verify_rows if self.regional else 1
+        if (self.verify_rows > 1 or self.mtp) and hidden is None:
+            raise ValueError("verify graphs and the MTP region need hidden=(hidden size, activation dtype)")
+        self.hidden = hidden       # (width, dtype) of the hidden states: record buffers, MTP warm-up
         self.records: dict[int, torch.Tensor] = {}
         if self.verify_rows > 1:
             spec = cache.spec
             stateful = (set(spec.kda_layers) | (set(spec.index_layers) if spec.kpool > 1 else set())) \
                 - set(spec.mtp_layers)
-            self.records = {i: torch.zeros(self.max_size * self.verify_rows, self.hidden_size, dtype=self._dtype(),
-                                           device=cache.device) for i in sorted(stateful)}
-
-    def _embedding(self) -> torch.Tensor:
-        return next(p for n, p in self.model.named_parameters() if "embed_tokens" in n)
-
-    @property
-    def hidden_size(self) -> int:
-        """The model's hidden size (its embedding's width)."""
-        return self._embedding().shape[1]
-
-    def _dtype(self) -> torch.dtype:
-        return self._embedding().dtype
+            width, dtype = hidden
+            self.records = {i: torch.zeros(self.max_size * self.verify_rows, width, dtype=dtype, device=cache.device)
+                            for i in sorted(stateful)}
 
     @property
     def mode_name(self) -> str:
@@ -276,6 +269,20 @@ class CompiledDecode:
         return ForwardBatch.padded_decode(tokens, positions, tables, slots, self.cache, size, width,
                                           self.index_topk, ops=self.ops)
 
+    def batch_rows(self, tokens: list[list[int]], starts: list[int], tables: list[list[int]],
+                   slots: list[int]) -> ForwardBatch:
+        """Sequences' new tokens as decode rows, one per token (token j of a sequence at position
+        ``starts[b] + j``, with the sequence's block table and slot): each row writes its own
+        cache row before attending up to its position, so row j sees rows 0..j of the same
+        batch. Exact only for layers without per-sequence state."""
+        ids, positions, row_tables, row_slots = [], [], [], []
+        for toks, start, table, slot in zip(tokens, starts, tables, slots):
+            ids += toks
+            positions += range(start, start + len(toks))
+            row_tables += [table] * len(toks)
+            row_slots += [slot] * len(toks)
+        return self.batch(ids, positions, row_tables, row_slots)
+
     def batch_verify(self, tokens: list[list[int]], starts: list[int], tables: list[list[int]],
                      slots: list[int], q: int | None = None) -> ForwardBatch:
         """``q`` tokens per sequence (default ``verify_rows``: a verify step, each sequence's last
@@ -304,14 +311,17 @@ class CompiledDecode:
         return self._guarded(self._whole[1], self.model, batch)
 
     def draft(self, batch: ForwardBatch, hidden: torch.Tensor) -> torch.Tensor:
-        """The model's MTP layer over a padded batch (``hidden``: one row per batch row, padding
-        included) through its compiled region (``mtp=True``): decode rows, or ``mtp_rows``
-        tokens per sequence."""
+        """The model's MTP layer over a padded batch through its compiled region (``mtp=True``):
+        decode rows, or ``mtp_rows`` tokens per sequence. ``hidden``: the real rows' inputs
+        (padded here); returns the real rows' outputs."""
         if not self.mtp:
             raise RuntimeError("this compiled decode was built without the MTP layer's region")
         self._mark_batch(batch)
         self.draft_calls += 1
-        return self.model.mtp(batch, hidden, draft_call=self._draft_call)
+        rows, pad = hidden.shape[0], batch.input_ids.shape[0] - hidden.shape[0]
+        if pad:
+            hidden = torch.cat([hidden, hidden.new_zeros(pad, hidden.shape[1])])
+        return self.model.mtp(batch, hidden, draft_call=self._draft_call)[:rows]
 
     @staticmethod
     def _mark_batch(batch: ForwardBatch) -> int:
@@ -378,11 +388,11 @@ class CompiledDecode:
                     self.run(ForwardBatch.padded_verify([], [], [], [], self.cache, size, self.width(pages),
                                                         self.verify_rows, self.index_topk, ops=self.ops))
                 if self.mtp:
-                    self.draft(batch, torch.zeros(size, self.hidden_size, dtype=self._dtype(), device=self.cache.device))
-                for q in self.mtp_rows:
-                    self.draft(ForwardBatch.padded_verify([], [], [], [], self.cache, size, self.width(pages), q,
-                                                          self.index_topk, ops=self.ops),
-                               torch.zeros(size * q, self.hidden_size, dtype=self._dtype(), device=self.cache.device))
+                    nothing = torch.zeros(0, self.hidden[0], dtype=self.hidden[1], device=self.cache.device)
+                    self.draft(batch, nothing)
+                    for q in self.mtp_rows:
+                        self.draft(ForwardBatch.padded_verify([], [], [], [], self.cache, size, self.width(pages), q,
+                                                              self.index_topk, ops=self.ops), nothing)
         self.calls = {b: 0 for b in self.sizes}
         self.draft_calls = 0
         self._warmed = True

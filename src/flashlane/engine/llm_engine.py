@@ -169,7 +169,7 @@ class LLMEngine:
         return CompiledDecode(self.model, self.cache.tensors, sizes, args.index_topk,
                               min_width=-(-(self.index_topk or 0) // spec.page_size),
                               mode=cuda_graph_mode(args.device), ops=self.ops, verify_rows=verify_rows,
-                              mtp=mtp, mtp_rows=catch_up)
+                              mtp=mtp, mtp_rows=catch_up, hidden=(self.config.hidden_size, self.dtype))
 
     def _engine_info(self, spec, plan: CachePlan, max_running: int, loaded_here: bool) -> EngineInfo:
         args, config = self.args, self.config
