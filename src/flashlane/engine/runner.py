@@ -125,41 +125,33 @@ class ModelRunner:
         """One padded batch through the static graphs.
 
         Without per-sequence state, a sequence with drafts takes one decode row per verified
-        token (positions c..c+k, its block table on each), as if each were a sequence of its own
-        ending there: each row writes its own K/V (latent, index key) row before attending up to
-        its position, as every decode row does, so row j sees rows 0..j of this step (causal
-        attention over the drafts in the graphs compiled for decode). With per-sequence state
-        (KDA, pooled indexer tails) the state must advance token by token: a verify batch of
-        ``verify_rows`` tokens per sequence runs the graphs compiled for it, a sequence with
-        fewer drafts (a page boundary, its output limit) padded with token 0 at the following
-        positions (their rows land on the null page or are overwritten later), and every
-        sequence whose kept tokens end before its rows do is rolled back from the state kept
-        before the step and the inputs the stateful layers left in their record buffers, as
-        after an eager step."""
+        token (``CompiledDecode.batch_rows``: causal attention over the drafts in the graphs
+        compiled for decode). With per-sequence state (KDA, pooled indexer tails) the state must
+        advance token by token: a verify batch of ``verify_rows`` tokens per sequence runs the
+        graphs compiled for it, a sequence with fewer drafts (a page boundary, its output limit)
+        padded with token 0 at the following positions (their rows land on the null page or are
+        overwritten later), and every sequence whose kept tokens end before its rows do is rolled
+        back from the state kept before the step and the inputs the stateful layers left in
+        their record buffers, as after an eager step."""
         starts = [s.req.num_computed_tokens for s in seqs]
         tables = [self.cache.block_table(s.req) for s in seqs]
         slots = [self.cache.state_slot(s.req) for s in seqs]
-        cu = [0]
-        for s in seqs:
-            cu.append(cu[-1] + s.num_new)
-        verify = self.cache.stateful and any(s.draft for s in seqs)
-        kept = self._keep_states(seqs, slots, every=True) if verify else {}
-        if verify:
+        tokens = [[s.req.all_token_ids[c]] + s.draft for s, c in zip(seqs, starts)]
+        kept = {}
+        if self.cache.stateful and any(s.draft for s in seqs):
             q = self.compiled.verify_rows
-            new_tokens = [[s.req.all_token_ids[c]] + s.draft + [0] * (q - s.num_new) for s, c in zip(seqs, starts)]
+            tokens = [t + [0] * (q - len(t)) for t in tokens]
             cu = [b * q for b in range(len(seqs) + 1)]
-            hidden = self.compiled.run(self.compiled.batch_verify(new_tokens, starts, tables, slots))
+            kept = self._keep_states(seqs, slots, every=True)
+            hidden = self.compiled.run(self.compiled.batch_verify(tokens, starts, tables, slots))
         else:
-            tokens, positions, row_tables, row_slots = [], [], [], []
-            for s, c, table, slot in zip(seqs, starts, tables, slots):
-                tokens += [s.req.all_token_ids[c]] + s.draft
-                positions += range(c, c + s.num_new)
-                row_tables += [table] * s.num_new
-                row_slots += [slot] * s.num_new
-            hidden = self.compiled.run(self.compiled.batch(tokens, positions, row_tables, row_slots))
+            cu = [0]
+            for t in tokens:
+                cu.append(cu[-1] + len(t))
+            hidden = self.compiled.run(self.compiled.batch_rows(tokens, starts, tables, slots))
         results = self._timed_sample(seqs, starts, cu, hidden)
         if kept:
-            self._roll_back(seqs, results, new_tokens, starts, tables, slots, kept, self.compiled.recorded(cu[-1]), cu)
+            self._roll_back(seqs, results, tokens, starts, tables, slots, kept, self.compiled.recorded(cu[-1]), cu)
         if self.mtp is not None:
             self.mtp.run(seqs, starts, tables, slots, cu, hidden, results)
         return results

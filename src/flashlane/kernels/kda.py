@@ -89,20 +89,14 @@ def kda_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tenso
     ``fresh`` [B] bool marks sequences at position 0 whose slot content must be ignored.
     Returns o [B, H, Dv].
     """
-    state = state_pool.index_select(0, slots)
-    if fresh is not None:
-        state = state.masked_fill(fresh.view(-1, 1, 1, 1), 0.0)
-    out, state = kda_recurrent(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), g.unsqueeze(1),
-                               beta.unsqueeze(1), state)
-    state_pool.index_copy_(0, slots, state.to(state_pool.dtype))
-    return out.squeeze(1)
+    return kda_steps(q, k, v, g, beta, state_pool, slots, fresh, 1)
 
 
 def kda_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
               state_pool: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor | None, steps: int) -> torch.Tensor:
-    """``steps`` tokens for each of ``B`` sequences (rows ``b * steps + j``; a static verify step)
-    from and into ``state_pool[slots]``: q, k, g [B * steps, H, Dk], v [B * steps, H, Dv],
-    beta [B * steps, H] -> o [B * steps, H, Dv]."""
+    """``kda_decode`` over ``steps`` tokens for each of ``B`` sequences (rows ``b * steps + j``; a
+    static verify step): q, k, g [B * steps, H, Dk], v [B * steps, H, Dv], beta [B * steps, H]
+    -> o [B * steps, H, Dv]."""
     b = slots.shape[0]
     state = state_pool.index_select(0, slots)
     if fresh is not None:

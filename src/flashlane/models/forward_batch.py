@@ -117,12 +117,15 @@ class ForwardBatch:
                       state_slots: list[int], cache: CacheTensors, size: int, width: int, q: int,
                       index_topk: int | None = None, ops: KernelBackend | None = None) -> "ForwardBatch":
         """Sequences of exactly ``q`` new tokens each (a speculative verify step: the last known
-        token and its drafts), from position ``starts[b]``, padded to ``size`` sequences of ``q``
-        rows on the null page and slot and block tables of ``width`` pages."""
+        token and its drafts; ``padded_decode`` with q = 1), from position ``starts[b]``, padded to
+        ``size`` sequences of ``q`` rows on the null page and slot and block tables of ``width``
+        pages. Padding rows sit at positions 0..q-1 on the null page and the null state slot, so
+        whatever they write lands where nothing reads."""
         n, page = len(tokens), cache.spec.page_size
         if any(len(t) != q for t in tokens) or n > size or any(len(t) > width for t in block_tables):
-            raise ValueError(f"padded_verify: {n} sequences of {[len(t) for t in tokens]} tokens do not fit "
-                             f"{size} sequences of {q} tokens x {width} pages")
+            raise ValueError(f"padded batch: {n} sequences of {sorted({len(t) for t in tokens})} tokens / "
+                             f"{max(map(len, block_tables), default=0)} pages exceed the bucket of {size} "
+                             f"sequences of {q} tokens x {width} pages")
         tables = torch.zeros(size, width, dtype=torch.long)
         for b, t in enumerate(block_tables):
             tables[b, : len(t)] = torch.tensor(t, dtype=torch.long)
@@ -146,25 +149,6 @@ class ForwardBatch:
                       state_slots: list[int], cache: CacheTensors, size: int, width: int,
                       index_topk: int | None = None, ops: KernelBackend | None = None) -> "ForwardBatch":
         """One new token per sequence at ``positions[b]``, padded to ``size`` sequences and block
-        tables of ``width`` pages. Padding rows are sequences of one token at position 0 on the
-        null page and the null state slot, so whatever they write lands where nothing reads."""
-        n, page = len(tokens), cache.spec.page_size
-        if n > size or any(len(t) > width for t in block_tables):
-            raise ValueError(f"padded_decode: {n} sequences / {max(map(len, block_tables))} pages exceed "
-                             f"the bucket {size} x {width}")
-        tables = torch.zeros(size, width, dtype=torch.long)
-        for b, t in enumerate(block_tables):
-            tables[b, : len(t)] = torch.tensor(t, dtype=torch.long)
-        pad = size - n
-        pos = torch.tensor(list(positions) + [0] * pad, dtype=torch.long)
-        slot_mapping = tables.gather(1, (pos // page)[:, None])[:, 0] * page + pos % page
-        slot_mapping[n:] = 0
-        dev = cache.device
-        t = lambda x: torch.tensor(x, dtype=torch.long, device=dev)  # noqa: E731
-        return cls(
-            input_ids=t(list(tokens) + [0] * pad), positions=pos.to(dev), q_lens=None, ctx_lens=None,
-            cu_q=torch.arange(size + 1, device=dev), ctx_lens_t=(pos + 1).to(dev),
-            block_tables=tables.to(dev), slot_mapping=slot_mapping.to(dev),
-            state_slots=t(list(state_slots) + [0] * pad), seq_of_token=torch.arange(size, device=dev),
-            cache=cache, index_topk=index_topk, static=True, ops=ops,
-        )
+        tables of ``width`` pages (``padded_verify`` with one token per sequence)."""
+        return cls.padded_verify([[t] for t in tokens], positions, block_tables, state_slots, cache, size, width, 1,
+                                 index_topk, ops)

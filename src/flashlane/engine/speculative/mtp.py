@@ -62,26 +62,14 @@ class MtpPass:
         allows (one token per sequence; any number where the layer keeps no per-sequence state,
         each token a row of its own, as a verify step's; with its indexer tail, the same number
         per sequence, one of ``mtp_rows``), else eagerly."""
-        c, rows = self.compiled, h.shape[0]
+        c = self.compiled
         counts = {len(t) for t in tokens}
-        if c is not None and self.tail is not None and counts != {1}:
-            q = counts.pop() if len(counts) == 1 else 0
-            if q in c.mtp_rows and len(tokens) <= c.max_size:
-                batch = c.batch_verify(tokens, starts, tables, slots, q)
-                pad = batch.input_ids.shape[0] - rows
-                return c.draft(batch, torch.cat([h, h.new_zeros(pad, h.shape[1])]) if pad else h)[:rows]
-            return self.model.mtp(self._batch(tokens, starts, tables, slots), h)
-        if c is None or rows > c.max_size:
-            return self.model.mtp(self._batch(tokens, starts, tables, slots), h)
-        ids, positions, row_tables, row_slots = [], [], [], []
-        for toks, start, table, slot in zip(tokens, starts, tables, slots):
-            ids += toks
-            positions += range(start, start + len(toks))
-            row_tables += [table] * len(toks)
-            row_slots += [slot] * len(toks)
-        batch = c.batch(ids, positions, row_tables, row_slots)
-        pad = batch.state_slots.shape[0] - rows
-        return c.draft(batch, torch.cat([h, h.new_zeros(pad, h.shape[1])]) if pad else h)[:rows]
+        if c is not None and (self.tail is None or counts == {1}):
+            if h.shape[0] <= c.max_size:
+                return c.draft(c.batch_rows(tokens, starts, tables, slots), h)
+        elif c is not None and len(counts) == 1 and len(tokens) <= c.max_size and (q := counts.pop()) in c.mtp_rows:
+            return c.draft(c.batch_verify(tokens, starts, tables, slots, q), h)
+        return self.model.mtp(self._batch(tokens, starts, tables, slots), h)
 
     def run(self, seqs, starts: list[int], tables, slots, cu: list[int], hidden: torch.Tensor, results) -> None:
         """After a step's forward (and any rollback): ``hidden`` holds the target's rows of every
