@@ -195,6 +195,29 @@ def test_roofline_regimes(flash):
         Setup(get_hardware("h200"), mfu=0)
 
 
+def test_mtp_speculative_decode_pays_a_verify_step_and_the_mtp_pass_per_accepted_length(flash, std):
+    from flashlane.acceptance import assumed_length, rate_for_length
+
+    r = Roofline(flash, Setup(get_hardware("h200"), Layout(tp=8)))
+    plain, verify = r.decode_step(1, 8192), r.verify_step(1, 8192, 3)
+    assert r.verify_step(1, 8192, 0).seconds == pytest.approx(plain.seconds)     # no drafts: a decode step
+    assert plain.seconds < verify.seconds < 4 * plain.seconds        # weights once, experts of 4 tokens
+    assert verify.flops == pytest.approx(4 * plain.flops)
+    mtp = r.mtp_pass(1, 3)
+    assert mtp.bytes == pytest.approx(3 * r.mtp_pass(1, 1).bytes) and mtp.seconds > 0
+    spec = r.speculative_decode(1, 8192, 3, 2.99)
+    assert spec["step_s"] == pytest.approx(verify.seconds + mtp.seconds)
+    assert spec["speedup"] == pytest.approx(2.99 / spec["step_s"] * plain.seconds)
+    # more tokens per step pay off at batch: the dense weights are shared by more rows
+    assert r.speculative_decode(32, 8192, 3, 2.99)["speedup"] > spec["speedup"] > 1.0
+    assert assumed_length(3) == pytest.approx(2.99) and 1 < assumed_length(1) < assumed_length(2) < 2.99
+    assert rate_for_length(4.0, 3) == pytest.approx(1.0) and rate_for_length(1.0, 3) == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="no MTP layer"):
+        Roofline(parse_config(dict(model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)),
+                 Setup(get_hardware("h200"))).mtp_pass(1, 3)
+
+
 def test_local_hardware_is_measured():
     from flashlane.analyze.hardware import measure_local
 
@@ -246,6 +269,8 @@ def test_json_has_the_stable_keys(report):
         assert isinstance(m["state"]["bytes_per_sequence"], int)
         assert list(m["flops"]["attention_per_token"]) == keys
         assert list(m["flops"]["total_per_token"]) == keys
+        spec = m["roofline"]["speculative_mtp"]           # both GLM models draft with their MTP layer
+        assert list(spec) == keys and spec[keys[0]]["batch1"]["drafts"] == 3
     r = report["ratios"]
     assert r["params"]["total"] == pytest.approx(report["models"][1]["params"]["total"] /
                                                  report["models"][0]["params"]["total"])

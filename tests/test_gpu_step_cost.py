@@ -104,7 +104,10 @@ def _random_shapes(rng, n):
                     for _ in range(rng.choice((0, 1, 2))))
         n_dec = rng.choice((0, 1, 3, 64)) if pre else rng.choice((1, 5, 64))
         dec = tuple(rng.randrange(0, 200_000) for _ in range(n_dec))
-        out.append(StepShape(prefill=pre, decode=dec))
+        ver = tuple((rng.randint(1, 4), rng.randrange(0, 200_000)) for _ in range(rng.choice((0, 0, 1, 8))))
+        calls = rng.choice((0, 1, 3)) if ver else 0
+        out.append(StepShape(prefill=pre, decode=dec, verify=ver, draft_calls=calls, draft_rows=calls * 5,
+                             draft_logit_rows=calls * 2))
     return out
 
 
@@ -115,7 +118,7 @@ def test_one_device_does_the_whole_stepwork(name, kv):
     model = HardwareStepCost(work, H200, ParallelLayout(1, 1), True, weight_dtype="bf16")
     assert kv in model.kv_dtype
     for shape in _random_shapes(random.Random(3), 25):
-        mine, want = model.device_work(shape), work.groups(shape)
+        mine, want = model.device_work(shape), model.work.groups(shape)     # verify rows as in graphs
         for g in GROUPS:
             assert mine[g].flops == pytest.approx(want[g].flops, rel=1e-12, abs=1e-9), (g, shape)
             assert mine[g].bytes == pytest.approx(want[g].bytes, rel=1e-12, abs=1e-9), (g, shape)
@@ -126,7 +129,7 @@ def test_tp1_prefill_is_the_sum_of_the_groups_roofline():
     model = _model("glm-5.3-flash")              # one H200, no host, launch or replay cost
     shape = StepShape(prefill=((8192, 20_000),), decode=(500, 70_000))
     peak = {"weights": H200.peak("fp8"), "experts": H200.peak("fp8"), "attention": H200.peak("bf16"),
-            "recurrence": H200.peak("bf16"), "head": H200.peak("bf16")}
+            "recurrence": H200.peak("bf16"), "head": H200.peak("bf16"), "draft": H200.peak("fp8")}
     by_hand = sum(_roof(w, peak[g]) for g, w in work.groups(shape).items())
     assert model.seconds(shape) == pytest.approx(by_hand, rel=1e-12)
     b = model.breakdown(shape)
@@ -315,3 +318,21 @@ def test_a_step_costs_microseconds_to_price():
     model.seconds(shape)
     best = min(timeit.repeat(lambda: model.seconds(shape), number=200, repeat=5)) / 200
     assert best < 150e-6, f"{best * 1e6:.0f} us per step"
+
+
+def test_a_verify_step_replays_a_graph_and_each_mtp_call_adds_its_kernels():
+    from flashlane.analyze.gpu_step_cost import KERNELS_PER_DRAFT_CALL
+
+    graphs, eager = _model("glm-5.3-flash", hw=H200), _model("glm-5.3-flash", hw=H200, graphs=False)
+    verify = StepShape(verify=((3, 20_000),), draft_calls=3, draft_rows=6, draft_logit_rows=3)
+    plain = StepShape(decode=(20_000,))
+    assert graphs.replays_graph(verify) and not eager.replays_graph(verify)
+    assert graphs.kernels(verify) == graphs.kernels(plain) + 3 * KERNELS_PER_DRAFT_CALL
+    b = graphs.breakdown(verify)
+    assert b["draft"] > 0 and graphs.breakdown(plain)["draft"] == 0.0
+    # memory-bound decode: the dense weights are read once for the four verified rows, but the
+    # rows route to ~4x the distinct experts (uniform routing), so a verify step costs more than
+    # one decode step and far less than four
+    assert b["weights"] == pytest.approx(graphs.breakdown(plain)["weights"], rel=1e-3)
+    assert b["experts"] > 3 * graphs.breakdown(plain)["experts"]
+    assert graphs.seconds(plain) < graphs.seconds(verify) < 3 * graphs.seconds(plain)

@@ -14,7 +14,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 # The torch-free leaves everyone may read: one config parser, one cache layout, the preset
 # registry (names, configs, the tiny tokenizer; no model code: models write preset weights).
-BASE = {"flashlane.config", "flashlane.cache_spec", "flashlane.presets"}
+BASE = {"flashlane.config", "flashlane.cache_spec", "flashlane.presets", "flashlane.acceptance"}
 # torch-level tools that are not kernels: the profilers' named ranges and the machine description
 # every measurement records (it reads the kernels' CPU capability detection)
 RUNTIME = {"flashlane.trace_ranges", "flashlane.machine"}
@@ -31,8 +31,9 @@ ALLOWED = {
     # (a preset name is resolved by the caller and handed over as a path).
     "bench": {"bench", "flashlane.config", "flashlane.cache_spec"},
     # analyze reads configs, including the preset registry's config dicts (torch-free, imports
-    # no flashlane module), so `flashlane analyze tiny-flash` works without any model code.
-    "analyze": {"analyze", "flashlane.config", "flashlane.cache_spec", "flashlane.presets"},
+    # no flashlane module), so `flashlane analyze tiny-flash` works without any model code; and
+    # the acceptance arithmetic of speculative decoding (torch-free, imports nothing).
+    "analyze": {"analyze", "flashlane.config", "flashlane.cache_spec", "flashlane.presets", "flashlane.acceptance"},
     # evaluate drives the offline engine (accuracy, speed and memory of its options)
     "evaluate": {"base", "kernels", "runtime", "models", "engine", "evaluate"},
     # compress calibrates models in plain torch (the engine's cache pools) and writes checkpoints

@@ -652,6 +652,31 @@ def test_a_calibration_of_another_mode_or_model_is_refused_naming_it():
     assert setup.engine_args["dtype"] == "bfloat16"
 
 
+def test_speculative_decoding_needs_a_calibration_with_the_same_drafter_and_states_its_acceptance():
+    mtp = {"method": "mtp", "num_speculative_tokens": 3}
+    with pytest.raises(ValueError, match="speculative"):      # measured without drafts: no draft terms
+        sim_setup.calibrated(MODEL, calibration(), {"speculative_config": mtp})
+    cal = calibration(mode={**MODE, "speculative": mtp})
+    with pytest.raises(ValueError, match="speculative"):      # another draft count
+        sim_setup.calibrated(MODEL, cal, {"speculative_config": {**mtp, "num_speculative_tokens": 2}})
+    setup, _ = sim_setup.calibrated(MODEL, cal, {"speculative_config": mtp})
+    # no acceptance given: InferenceX's 2.99 for 3 drafts, stated as an assumption
+    assumed = setup.assumptions["speculative_acceptance"]
+    assert assumed["name"] == "acceptance_length" and assumed["value"] == pytest.approx(2.99, abs=1e-3)
+    assert setup.engine_args["speculative_config"]["synthetic_acceptance_length"] == pytest.approx(2.99, abs=1e-3)
+    assert setup.engine().speculative.synthetic
+    given = {**mtp, "rejection_sample_method": "synthetic", "synthetic_acceptance_length": 1.5}
+    setup, _ = sim_setup.calibrated(MODEL, cal, {"speculative_config": given})
+    assert "speculative_acceptance" not in setup.assumptions
+    # the same per-draft probability carries 2.99 at k = 3 to other draft counts
+    two, row = sim_setup.with_acceptance({"speculative_config": {**mtp, "num_speculative_tokens": 1}})
+    assert 1.0 < row["value"] < 2.0 and two["speculative_config"]["synthetic_acceptance_length"] == row["value"]
+    # on GPUs too; a hybrid's rollback rows leave room for pages
+    hw = sim_setup.on_hardware("glm-5.3-flash", "h200x8", {"speculative_config": mtp, "compile": True})
+    assert any(a["name"] == "acceptance_length" for a in hw.assumptions["assumptions"])
+    assert hw.engine().plan.num_pages > 0 and hw.engine_args["max_num_seqs"] < sim_setup.GPU_MAX_NUM_SEQS
+
+
 def test_zero_host_removes_host_terms_and_front_end_time():
     full, _ = sim_setup.calibrated(MODEL, calibration(), {})
     bare, _ = sim_setup.calibrated(MODEL, calibration(), {}, zero_host=True)

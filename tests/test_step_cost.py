@@ -61,13 +61,21 @@ def test_groups_split_the_work_by_kind():
     assert flash.op_counts(StepShape(decode=(3, 4)))[0] == 0
 
 
-def _shapes(rng: random.Random, n: int) -> list[StepShape]:
+def _shapes(rng: random.Random, n: int, drafts: bool = False) -> list[StepShape]:
+    """Random steps; with ``drafts`` some decode sequences verify 1-3 drafts and an MTP pass follows."""
     out = []
     for _ in range(n):
         pre = tuple((rng.choice((2, 16, 64, 256, 1024, 2048)), rng.choice((0, 0, 512, 4096)))
                     for _ in range(rng.choice((0, 0, 1, 2))))
         dec = tuple(rng.randrange(0, 16000) for _ in range(rng.choice((0, 1, 4, 16)) if pre else rng.choice((1, 4, 16))))
-        out.append(StepShape(prefill=pre, decode=dec))
+        if not drafts:
+            out.append(StepShape(prefill=pre, decode=dec))
+            continue
+        ver = tuple((rng.randint(1, 3), rng.randrange(0, 16000)) for _ in range(rng.choice((0, 1, 4))))
+        calls = rng.choice((0, 1, 3))
+        rows = calls and sum(n for n, _ in pre) + len(dec) + sum(1 + d for d, _ in ver) + 2 * (calls - 1)
+        out.append(StepShape(prefill=pre, decode=dec, verify=ver, draft_calls=calls, draft_rows=rows,
+                             draft_logit_rows=calls and min(rows, 4 * calls)))
     return out
 
 
@@ -75,15 +83,16 @@ def _shapes(rng: random.Random, n: int) -> list[StepShape]:
 def test_fit_recovers_the_coefficients_that_made_the_steps(name):
     work = StepWork(_cfg(name))
     rng = random.Random(7)
+    drafts = bool(work.cfg.num_mtp_layers)      # the GLM presets draft with their MTP layer too
     truth = {"t_step": 2e-3, "t_seq": 1e-4, "t_dispatch_seq_layer": 3e-5, "t_dispatch_expert": 2e-5,
-             "c_weights": 4.0, "c_experts": 6.0, "c_attention": 9.0, "c_attention_decode": 5.0, "c_recurrence": 12.0,
-             "c_head": 3.0}
+             "t_draft_call": 7e-4 if drafts else 0.0, "c_weights": 4.0, "c_experts": 6.0, "c_attention": 9.0,
+             "c_attention_decode": 5.0, "c_recurrence": 12.0, "c_head": 3.0, "c_draft": 2.5 if drafts else 0.0}
     made = StepCostModel(work, 2e11, 5e10, truth)
-    shapes = _shapes(rng, 300)
+    shapes = _shapes(rng, 300, drafts)
     seconds = [made.seconds(s) for s in shapes]
     model, result = fit(work, shapes, seconds, 2e11, 5e10)
     assert result.median_rel_error < 1e-6 and result.p90_rel_error < 1e-6 and result.n_steps == 300
-    for s in _shapes(random.Random(8), 50):     # steps the fit never saw
+    for s in _shapes(random.Random(8), 50, drafts):     # steps the fit never saw
         assert model.seconds(s) == pytest.approx(made.seconds(s), rel=1e-5)
     assert sum(model.breakdown(shapes[0]).values()) == pytest.approx(model.seconds(shapes[0]))
 
@@ -155,6 +164,42 @@ def test_engine_step_records_carry_the_step_composition():
 
 
 # ---- the calibration file and `flashlane calibrate` ------------------------------------------------
+def test_calibrate_with_the_mtp_drafter_fits_its_verify_steps_and_passes(tmp_path, capsys):
+    import json
+
+    from flashlane.analyze.calibration import load_calibration
+    from flashlane.cli.main import main
+
+    out = tmp_path / "cal.json"
+    spec = {"method": "mtp", "num_speculative_tokens": 2, "rejection_sample_method": "synthetic",
+            "synthetic_acceptance_length": 2.0}
+    rc = main(["calibrate", "tiny-standard", "--chunks", "64", "--batches", "1,3", "--contexts", "40,100",
+               "--decode-tokens", "6", "--dtype", "float32", "--num-threads", "1", "--no-front-end",
+               "--speculative-config", json.dumps(spec), "--out", str(out)])
+    assert rc == 0
+    capsys.readouterr()
+    raw = json.loads(out.read_text())
+    # the mode records the drafter and draft count (acceptance is the workload's), the fit the draft terms
+    assert raw["mode"]["speculative"] == {"method": "mtp", "num_speculative_tokens": 2}
+    assert set(raw["coefficients"]) == set(TERMS)
+    cal, _ = load_calibration(out)
+    model = cal.cost_model(_cfg("tiny-standard"))
+    plain = model.seconds(StepShape(decode=(50,)))
+    assert model.seconds(StepShape(verify=((2, 50),), draft_calls=2, draft_rows=4, draft_logit_rows=2)) > plain
+    # a calibration without the drafter reads with its draft terms at zero; another drafter is refused
+    no_draft = {**raw, "mode": {**raw["mode"], "speculative": None},
+                "coefficients": {k: v for k, v in raw["coefficients"].items() if k not in ("t_draft_call", "c_draft")}}
+    (tmp_path / "old.json").write_text(json.dumps(no_draft))
+    old, _ = load_calibration(tmp_path / "old.json")
+    assert old.coefficients["t_draft_call"] == old.coefficients["c_draft"] == 0.0
+    with pytest.raises(ValueError, match="engine mode speculative"):
+        load_calibration(out, mode={"speculative": {"method": "mtp", "num_speculative_tokens": 3}})
+    (tmp_path / "bad.json").write_text(json.dumps({**no_draft, "mode": raw["mode"]}))
+    with pytest.raises(ValueError, match="t_draft_call"):      # measured with drafts, yet no draft terms
+        load_calibration(tmp_path / "bad.json")
+
+
+
 def test_calibrate_fits_the_engine_and_writes_a_calibration_that_checks_machine_and_mode(tmp_path, capsys):
     import json
 
@@ -236,3 +281,53 @@ def test_the_fitted_groups_split_attention_into_prefill_and_decode_and_sum_to_th
     decode_only = work.groups(StepShape(decode=shape.decode))["attention"]
     assert split["attention_decode"].flops == pytest.approx(decode_only.flops) and decode_only.flops > 0
     assert work.fitted_groups(StepShape(prefill=((64, 0),)))["attention_decode"].bytes == 0.0
+
+
+@pytest.mark.parametrize("name", ["tiny-flash", "tiny-standard", "glm-5.3-flash", "glm-5.3"])
+def test_verified_drafts_are_a_chunk_eagerly_and_decode_rows_in_graphs_with_logits_on_every_row(name):
+    cfg = _cfg(name)
+    eager, graphs = StepWork(cfg), StepWork(cfg, graphs=True)
+    shape = StepShape(decode=(50,), verify=((3, 900),))
+    as_chunk = eager.groups(StepShape(prefill=((4, 900),), decode=(50,)))
+    as_rows = graphs.groups(StepShape(decode=(50, 900, 901, 902, 903)))
+    head = eager.groups(StepShape(decode=(0,)))["head"].flops      # one row's logits
+    for work, plain in ((eager, as_chunk), (graphs, as_rows)):
+        got = work.groups(shape)
+        for g in ("weights", "experts", "attention", "recurrence"):
+            assert got[g].flops == pytest.approx(plain[g].flops, rel=1e-12), g
+            if g != "recurrence":     # a sequence's state is read and written once, however many rows
+                assert got[g].bytes == pytest.approx(plain[g].bytes, rel=1e-12), g
+        assert got["recurrence"].bytes == pytest.approx(as_chunk["recurrence"].bytes)
+        assert got["head"].flops == pytest.approx(5 * head)             # the decode row and all 4 verified rows
+    assert eager.op_counts(shape)[0] == cfg.num_layers and graphs.op_counts(shape)[0] == 0
+    assert shape.num_tokens == 5 and shape.num_seqs == 2 and shape.kind == "decode"
+
+
+@pytest.mark.parametrize("name", ["tiny-flash", "glm-5.3"])
+def test_the_draft_group_is_the_mtp_layer_over_its_rows_and_the_head_over_the_drafted_ones(name):
+    from flashlane.analyze.params import mtp_layer_params
+
+    cfg = _cfg(name)
+    work = StepWork(cfg)
+    assert work.groups(StepShape(decode=(5,)))["draft"] == type(work.draft(StepShape(decode=(5,))))(0.0, 0.0)
+    one = work.draft(StepShape(decode=(5,), draft_calls=1, draft_rows=1, draft_logit_rows=1))
+    head = work.groups(StepShape(decode=(0,)))["head"]
+    assert one.flops == pytest.approx(2 * mtp_layer_params(cfg)[1] + head.flops)
+    three = work.draft(StepShape(decode=(5,), draft_calls=3, draft_rows=12, draft_logit_rows=6))
+    assert three.flops == pytest.approx(12 * 2 * mtp_layer_params(cfg)[1] + 6 * head.flops)
+    # weights (and the head) are read once per call; more rows per call touch more experts
+    assert three.bytes > 3 * one.bytes - 1e-6
+    assert one.bytes > head.bytes
+
+
+def test_a_record_with_drafts_gives_its_verify_rows_and_mtp_pass():
+    rec = {"step": 3, "seq_new_tokens": [4, 1, 30, 3], "seq_cached_tokens": [100, 7, 0, 60],
+           "seq_draft_tokens": [3, 0, 0, 2], "draft_calls": 3, "draft_rows": 40, "draft_logit_rows": 6}
+    s = StepShape.from_record(rec)
+    assert s.verify == ((3, 100), (2, 60)) and s.decode == (7,) and s.prefill == ((30, 0),)
+    assert (s.draft_calls, s.draft_rows, s.draft_logit_rows) == (3, 40, 6)
+    assert s.num_tokens == 38 and s.kind == "mixed"
+    with pytest.raises(ValueError, match="seq_draft_tokens"):
+        StepShape.from_record({**rec, "seq_draft_tokens": [1]})
+    old = StepShape.from_record({k: v for k, v in rec.items() if not k.startswith("draft") and k != "seq_draft_tokens"})
+    assert old.verify == () and old.prefill == ((4, 100), (30, 0), (3, 60)) and old.draft_calls == 0

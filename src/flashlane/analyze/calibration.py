@@ -3,8 +3,10 @@ engine mode, with the machine, the mode, the grid it was measured on and the fit
 
 A calibration only describes the machine and mode it was measured in, so reading one checks
 both: another CPU model or vector capability, or another engine mode (dtype, kv-cache dtype,
-quantisation, static graphs, kernel backend, threads), is refused naming the field, unless the
-caller asks only for warnings. A file written by a newer schema is always refused.
+quantisation, static graphs, kernel backend, threads, speculative decoding's method and draft
+count), is refused naming the field, unless the caller asks only for warnings. A file written by
+a newer schema is always refused. A calibration measured without speculative decoding has no
+drafting terms; they read as zero (its steps had no drafts to price).
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..config import ModelConfig
-from .step_cost import TERMS, StepCostModel, StepWork
+from .step_cost import DRAFT_TERMS, TERMS, StepCostModel, StepWork
 
 SCHEMA = 1
 MACHINE_KEYS = ("cpu_model", "cpu_capability", "cuda")      # a different value: another machine
 MODE_KEYS = ("dtype", "kv_cache_dtype", "quantization", "compile", "kernel_backend", "num_threads",
-             "linear_kernel")
+             "linear_kernel", "speculative")
 
 
 @dataclass(frozen=True)
@@ -40,8 +42,8 @@ class Calibration:
     front_end: dict | None = None   # the server's host time outside steps (simulate.front_end), when measured
 
     def cost_model(self, cfg: ModelConfig) -> StepCostModel:
-        return StepCostModel(StepWork(cfg, self.weight_dtype, self.kv_dtype), self.peak_flops, self.mem_bw,
-                             self.coefficients)
+        work = StepWork(cfg, self.weight_dtype, self.kv_dtype, graphs=bool(self.mode.get("compile")))
+        return StepCostModel(work, self.peak_flops, self.mem_bw, self.coefficients)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -73,6 +75,8 @@ def load_calibration(path: str | Path, machine: dict | None = None, mode: dict |
         cal = Calibration(**{k: raw[k] for k in Calibration.__dataclass_fields__ if k in raw})
     except TypeError as exc:
         raise ValueError(f"calibration {path}: missing field ({exc})") from None
+    if not cal.mode.get("speculative"):
+        cal.coefficients.update({t: 0.0 for t in DRAFT_TERMS if t not in cal.coefficients})
     missing = [t for t in TERMS if t not in cal.coefficients]
     if missing:
         raise ValueError(f"calibration {path}: coefficients lack {', '.join(missing)}")

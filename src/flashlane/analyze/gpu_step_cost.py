@@ -28,8 +28,15 @@ a decode batch larger than the largest captured one.
 Expert parallelism costs a DeepEP-style dispatch and combine per MoE layer, each rank sending its
 share of the step's tokens; it changes no expert FLOPs or bytes per device (uniform routing).
 
+Speculative decoding: a verify step's ``1 + d`` tokens per sequence are decode rows at
+consecutive positions (graphs) or a chunk (eager), every row with logits (``StepWork``); the MTP
+drafter's calls are the ``draft`` group (the MTP layer's weights and routed experts read once per
+call, sharded like the trunk's: / tp) plus one MTP layer's and the LM head's kernels per call,
+replayed from a graph with the step's decode batch or launched. The draft pass adds no host time
+(it runs inside the step's, as SGLang's and vLLM's MTP drafting does) and no all-reduces.
+
 Not modelled: overlap of communication with compute, data-parallel attention, pipeline
-parallelism, prefill/decode disaggregation, MTP / speculative decoding, expert load imbalance
+parallelism, prefill/decode disaggregation, expert load imbalance
 (the busiest device of an ep group), memory capacity (``memory.device_memory`` says what fits),
 and kernel counts that differ between prefill and decode. Simplified: mHC and router FLOPs are
 split tp ways with the other weights (they are replicated; about 1% of the group), and Flash's
@@ -40,6 +47,7 @@ query reads each latent row it attends (no reuse of a gathered row across the qu
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, replace
 
@@ -68,11 +76,15 @@ KERNELS_PER_LAYER = {
     "mhc": 8,             # glm5_next: two hyper-connection sites, 4 kernels each
 }
 KERNELS_PER_STEP = 6      # embedding, final norm, LM head, logits processing, sampling (2)
+# one MTP drafter call: enorm, hnorm, eh_proj (with the concat), its DSA layer with an indexer, its
+# MoE, shared_head.norm, the LM head and argmax
+KERNELS_PER_DRAFT_CALL = 3 + KERNELS_PER_LAYER["dsa_indexer"] + KERNELS_PER_LAYER["moe"] + 3
 KERNELS_SOURCE = ("estimate: counted from the op sequence of each layer kind in a fused serving stack "
                   "(vLLM / SGLang style: fused projections, one grouped-GEMM MoE, varlen attention and KDA "
                   "kernels); profile a step on a GPU (nsys) to replace it")
 # two prefill chunks (one after a cached prefix) and decode rows short of and past the top-k: every term
-_PROBE = StepShape(prefill=((300, 5000), (17, 0)), decode=(0, 70, 3000, 130_000))
+_PROBE = StepShape(prefill=((300, 5000), (17, 0)), decode=(0, 70, 3000, 130_000), verify=((3, 900),),
+                   draft_calls=3, draft_rows=9, draft_logit_rows=7)
 
 
 def parse_hardware_spec(spec: str) -> tuple[Hardware, int]:
@@ -203,6 +215,9 @@ class HardwareStepCost:
         if graph_max_batch < 1:
             raise ValueError(f"graph_max_batch must be >= 1, got {graph_max_batch}")
         cfg = work.cfg
+        if work.graphs != bool(graphs):     # verified drafts run as the steps do: graph rows or a chunk
+            work = copy.copy(work)
+            work.graphs = bool(graphs)
         if layout.ep > 1 and cfg.n_routed_experts % layout.ep:
             raise ValueError(f"ParallelLayout.ep ({layout.ep}) must divide the model's {cfg.n_routed_experts} "
                              "routed experts")
@@ -280,10 +295,12 @@ class HardwareStepCost:
         self._b_write = (self._n_dsa + self._n_attn) * latent + self._n_full * index / max(cfg.index_kpool, 1)
 
     def _whole(self, shape: StepShape) -> tuple[float, ...]:
-        """Whole-model (flops, bytes) of weights, experts, attention, recurrence, head, then tokens, seqs."""
+        """Whole-model (flops, bytes) of weights, experts, attention, recurrence, head, draft, then
+        tokens, seqs."""
         cfg = self.cfg
         attended = scored = keys_read = dense_keys = dense_rows = prefill_tokens = 0
-        for new, cached in shape.prefill:
+        chunks, decode = self.work.attention_parts(shape)
+        for new, cached in chunks:
             end = cached + new
             prefill_tokens += new
             attended += sum_attended(cfg, end) - sum_attended(cfg, cached)
@@ -291,7 +308,6 @@ class HardwareStepCost:
             keys_read += scored_keys(cfg, end)                            # one score matmul per chunk
             dense_keys += (end * (end + 1) - cached * (cached + 1)) // 2   # keys summed over the chunk's queries
             dense_rows += end                                            # a tiled kernel reads each once
-        decode = shape.decode
         if decode:
             if self._n_dsa:
                 attended += sum(attended_positions(cfg, c + 1) for c in decode)
@@ -302,7 +318,9 @@ class HardwareStepCost:
             visible = sum(decode) + len(decode)
             dense_keys += visible
             dense_rows += visible
-        tokens, seqs = prefill_tokens + len(decode), len(shape.prefill) + len(decode)
+        tokens, seqs = prefill_tokens + len(decode), shape.num_seqs
+        logit_rows = len(shape.prefill) + len(shape.decode) + sum(1 + d for d, _ in shape.verify)
+        draft = self.work.draft(shape)
         return (
             tokens * self._weight_flops, self._fixed_bytes + tokens * self._embed_row_bytes,
             tokens * self._expert_flops, self.work.distinct_experts(tokens) * self._expert_bytes_all_layers,
@@ -310,7 +328,8 @@ class HardwareStepCost:
             (self._b_pos * attended + self._b_dense * dense_rows + self._b_key * keys_read + self._b_write * tokens),
             self._rec_decode * len(decode) + self._rec_prefill * prefill_tokens,
             seqs * self._state_rw if self._n_kda else 0.0,
-            seqs * self._head_flops, self._head_bytes,
+            logit_rows * self._head_flops, self._head_bytes,
+            draft.flops, draft.bytes,
             tokens, seqs,
         )
 
@@ -323,11 +342,11 @@ class HardwareStepCost:
         hw, lay = self.hw, self.layout
         tp, devices = lay.tp, lay.devices
         # (flops share, bytes share, bytes added) per group on one device, in GROUPS order
-        self._flops_share = (1 / tp, 1 / devices, 1 / tp, 1 / tp, 1 / tp)
-        self._bytes_share = (1 / tp, 1 / devices, 1.0, 1 / tp, 1 / tp)
-        self._bytes_added = (self._replicated_bytes * (1 - 1 / tp), 0.0, 0.0, 0.0, 0.0)
+        self._flops_share = (1 / tp, 1 / devices, 1 / tp, 1 / tp, 1 / tp, 1 / tp)
+        self._bytes_share = (1 / tp, 1 / devices, 1.0, 1 / tp, 1 / tp, 1 / tp)
+        self._bytes_added = (self._replicated_bytes * (1 - 1 / tp), 0.0, 0.0, 0.0, 0.0, 0.0)
         self.peak_dtype = {"weights": self.weight_dtype, "experts": self.weight_dtype, "attention": "bf16",
-                           "recurrence": "bf16", "head": "bf16"}
+                           "recurrence": "bf16", "head": "bf16", "draft": self.weight_dtype}
         self._s_per_flop = tuple(1 / (hw.peak(self.peak_dtype[g]) * self.mfu) for g in GROUPS)
         self._s_per_byte = 1 / (hw.mem_bw * self.mbu)
 
@@ -372,18 +391,20 @@ class HardwareStepCost:
         self.fixed_kernels = sum(self.kernels_by_kind.values())
 
     def kernels(self, shape: StepShape) -> float:
+        drafting = shape.draft_calls * KERNELS_PER_DRAFT_CALL
         if self.fused_kernels:
-            return float(self.fixed_kernels)
+            return float(self.fixed_kernels + drafting)
         per_seq_layer, per_expert = self.work.op_counts(shape)
-        return self.fixed_kernels + per_seq_layer + per_expert
+        return self.fixed_kernels + drafting + per_seq_layer + per_expert
 
     def replays_graph(self, shape: StepShape) -> bool:
-        return self.graphs and not shape.prefill and len(shape.decode) <= self.graph_max_batch
+        chunks, rows = self.work.attention_parts(shape)
+        return self.graphs and not chunks and len(rows) <= self.graph_max_batch
 
     # ---- the step ----------------------------------------------------------------------------
     def _terms(self, shape: StepShape) -> tuple[float, ...]:
         w = self._whole(shape)
-        tokens, seqs = w[10], w[11]
+        tokens, seqs = w[2 * len(GROUPS)], w[2 * len(GROUPS) + 1]
         fs, bs, add = self._flops_share, self._bytes_share, self._bytes_added
         spf, spb = self._s_per_flop, self._s_per_byte
         groups = tuple(max(w[2 * i] * fs[i] * spf[i], (w[2 * i + 1] * bs[i] + add[i]) * spb)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..acceptance import ASSUMED_SOURCE, assumed_length
 from . import claims as C
 from .cache import cache_bytes
 from .flops import decode_flops, prefill_flops
@@ -20,6 +21,8 @@ class Options:
     batch: int = 32
 
 
+SPECULATIVE_DRAFTS = 3      # the GLM recipes' MTP draft count (SGLang, InferenceX)
+
 def _ctx(t: int) -> str:
     return str(t)
 
@@ -30,7 +33,8 @@ def analyze_model(model: NamedConfig, setup: Setup, task: TaskProfile, opts: Opt
     roof = Roofline(cfg, setup, params, cache)
     mem = roof.memory()
     flops = {_ctx(t): decode_flops(cfg, t) for t in opts.contexts}
-    decode, prefill, max_seqs = {}, {}, {}
+    decode, prefill, max_seqs, speculative = {}, {}, {}, {}
+    drafting = bool(cfg.num_mtp_layers) and cfg.arch != "llama"
     for t in opts.contexts:
         fit = mem.max_sequences(t) if mem.fits else 0
         max_seqs[_ctx(t)] = fit
@@ -47,6 +51,10 @@ def analyze_model(model: NamedConfig, setup: Setup, task: TaskProfile, opts: Opt
         }
         p = roof.prefill(t)
         prefill[_ctx(t)] = {"seconds": p.seconds, "bound": p.bound}
+        if drafting:
+            k, length = SPECULATIVE_DRAFTS, assumed_length(SPECULATIVE_DRAFTS)
+            speculative[_ctx(t)] = {"batch1": roof.speculative_decode(1, t, k, length),
+                                    "batch": roof.speculative_decode(b, t, k, length) if b else None}
     task_b = max(min(opts.batch, mem.max_sequences(task.max_context) if mem.fits else 0), 1)
     return {
         "name": model.name,
@@ -92,6 +100,9 @@ def analyze_model(model: NamedConfig, setup: Setup, task: TaskProfile, opts: Opt
         "roofline": {
             "decode": decode,
             "prefill": prefill,
+            # MTP speculative decoding at the assumed acceptance (acceptance.ASSUMED): a verify step
+            # and the MTP pass per accepted length, against plain decode steps
+            "speculative_mtp": speculative or None,
             "task": {"c1": roof.task(task, 1), "cB": roof.task(task, task_b),
                      "fits": mem.fits and mem.max_sequences(task.max_context) >= 1},
         },
@@ -141,7 +152,13 @@ def assumptions(models: list[NamedConfig], setup: Setup, task: TaskProfile, opts
         "counted; MLA absorbed form (score 2(kv_lora+rope), value 2 kv_lora per head and position); attended "
         "positions = min(T, topk) (+ tail of the incomplete pool when kpool > 1); indexer scores every visible "
         "complete pool (kpool tokens) or token; KDA decode 7 D^2/head/token, prefill chunked 6 D^2 + 7*64*D; "
-        "MTP and speculative decoding not counted.",
+        "MTP not counted, except in the speculative decoding rows.",
+        f"Speculative decoding (MTP models): {SPECULATIVE_DRAFTS} drafts per step at a mean acceptance length of "
+        f"{assumed_length(SPECULATIVE_DRAFTS):.3g} ({ASSUMED_SOURCE}); a verify step computes 1 + drafts rows per "
+        "sequence (weights read once, the routed experts of all rows, each row's cache reads), then the MTP layer "
+        "runs once per draft over the batch (its weights, the routed experts its rows touch and the LM head read "
+        "each time; its attention not counted); speedup = accepted tokens per (verify + MTP) time over plain decode "
+        "tokens per step time.",
         f"Hardware {hw.name}: {hw.peak('bf16') / 1e12:.4g} TFLOP/s bf16, {hw.peak('fp8') / 1e12:.4g} TFLOP/s fp8, "
         f"{hw.mem_bw / 1e12:.4g} TB/s, {hw.mem_bytes / 1e9:.4g} GB, {_price(hw.usd_per_hour)} ({hw.note}).",
         f"Efficiency: {setup.mfu:.0%} of peak FLOP/s, {setup.mbu:.0%} of peak bandwidth; step time = max(compute, "

@@ -19,7 +19,7 @@ from .cache import CacheBytes, cache_bytes, index_entry_bytes, latent_row_bytes
 from .flops import TokenFlops, attended_positions, decode_flops, prefill_flops, scored_keys
 from .hardware import Hardware
 from .memory import DeviceMemory, Layout, component_bytes, device_memory
-from .params import ParamCounts, count_params, expert_params
+from .params import ParamCounts, count_params, expert_params, mtp_layer_params
 from .task import TaskProfile
 
 
@@ -75,6 +75,8 @@ class Roofline:
         self._latent_row = latent_row_bytes(cfg, setup.kv_dtype)
         self._index_entry = index_entry_bytes(cfg, setup.kv_dtype) if self._n_full else 0
         self._state_rw = 2 * (self.cache.state_recurrent + self.cache.state_conv) / lay.tp
+        self._head_bytes = head
+        self._mtp_bytes = comp["mtp"] / max(cfg.num_mtp_layers, 1)   # one MTP layer
 
     # ---- pieces ----------------------------------------------------------------------------
     def memory(self) -> DeviceMemory:
@@ -103,9 +105,12 @@ class Roofline:
                  + tokens_total * f.ffn / lay.devices)
         return flops, attn_side + ffn_side
 
-    def _kv_read(self, context: int) -> float:
+    def _kv_read(self, context: int, queries: int = 1) -> float:
+        """Cache bytes one sequence's ``queries`` rows at ``context`` read: each DSA query its own
+        selected latent rows; the indexer keys and a dense layer's keys once (one scoring matmul,
+        a tiled attention over the rows), as ``step_cost`` prices a chunk."""
         cfg = self.cfg
-        rows = self._n_dsa * attended_positions(cfg, context) + self._n_attn * context
+        rows = queries * self._n_dsa * attended_positions(cfg, context) + self._n_attn * context
         return rows * self._latent_row + self._n_full * scored_keys(cfg, context) * self._index_entry
 
     # ---- public projections ----------------------------------------------------------------
@@ -127,6 +132,47 @@ class Roofline:
         nbytes = (self._weights_touched(new_tokens) + (cached + new_tokens) * self.cache.per_token(self.setup.kv_dtype)
                   + self._state_rw)
         return StepTime(flops, nbytes, compute_s, nbytes / (self.setup.hardware.mem_bw * self.setup.mbu))
+
+    def verify_step(self, batch: int, context: int, drafts: int) -> StepTime:
+        """A speculative verify step: ``batch`` sequences, each computing its last token and
+        ``drafts`` drafts at about ``context`` visible tokens (each row attends its own selection;
+        the rows route to the distinct experts of ``batch x (1 + drafts)`` tokens)."""
+        if batch < 1 or drafts < 0:
+            raise ValueError(f"batch must be >= 1 and drafts >= 0, got {batch}, {drafts}")
+        rows = 1 + drafts
+        per_group = ceil(batch / self.setup.layout.dp)
+        f = decode_flops(self.cfg, context)
+        flops, compute_s = self._compute_s(f, per_group * rows, batch * rows)
+        per_seq = (self._kv_read(context, rows) + rows * self.cache.per_token(self.setup.kv_dtype)
+                   + self._state_rw)
+        nbytes = self._weights_touched(batch * rows) + per_group * per_seq
+        return StepTime(flops, nbytes, compute_s, nbytes / (self.setup.hardware.mem_bw * self.setup.mbu))
+
+    def mtp_pass(self, batch: int, drafts: int) -> StepTime:
+        """The MTP drafter after a verify step: ``drafts`` calls of its layer (the catch-up, then the
+        chained drafts), each over ``batch`` rows plus the LM head, its weights and the routed
+        experts its rows touch read once per call; its attention is not counted (one layer's)."""
+        s, lay, cfg = self.setup, self.setup.layout, self.cfg
+        if not cfg.num_mtp_layers or cfg.arch == "llama":
+            raise ValueError(f"{cfg.arch} has no MTP layer")
+        total, active = mtp_layer_params(cfg)
+        routed = cfg.n_routed_experts * expert_params(cfg)
+        per_param = self._mtp_bytes / max(total, 1)
+        head_flops = 2 * cfg.vocab_size * cfg.hidden_size
+        per_call_bytes = ((total - routed) * per_param + self._head_bytes) / lay.tp + (
+            self.distinct_experts(batch) * expert_params(cfg) * per_param / lay.devices)
+        flops = drafts * batch * (2 * active + head_flops) / lay.tp
+        compute_s = flops / (s.hardware.peak(s.weight_dtype) * s.mfu)
+        nbytes = drafts * per_call_bytes
+        return StepTime(flops, nbytes, compute_s, nbytes / (s.hardware.mem_bw * s.mbu))
+
+    def speculative_decode(self, batch: int, context: int, drafts: int, length: float) -> dict:
+        """Decode with MTP drafting at mean acceptance ``length``: a verify step and the MTP pass per
+        ``length`` tokens of each sequence, against plain decode steps."""
+        plain = self.decode_step(batch, context).seconds
+        step = self.verify_step(batch, context, drafts).seconds + self.mtp_pass(batch, drafts).seconds
+        return {"drafts": drafts, "acceptance_length": length, "step_s": step, "tokens_per_s_per_seq": length / step,
+                "speedup": length / step * plain}
 
     def decode_seconds(self, batch: int, start: int, tokens: int) -> float:
         """Time to decode ``tokens`` tokens after ``start`` visible tokens (trapezoid over contexts)."""

@@ -20,6 +20,15 @@ rows that get logits); the fitted model prices the attention of prefill chunks a
 with a coefficient each. Structural op counts (dispatches a step issues beyond a fixed number per
 step): one per layer per prefill sequence (per-sequence work in the mixers) and a few per distinct
 routed expert per MoE layer.
+
+Speculative decoding: a decode sequence with ``d`` drafts computes ``1 + d`` tokens, all of whose
+rows get logits. An eager engine runs them as a small chunk after the sequence's cache; static
+graphs run them as ``1 + d`` decode rows at consecutive positions (``StepWork(graphs=True)``), as
+flashlane's compiled verify steps and the GPU stacks' captured verify graphs do. The MTP
+drafter's pass after a step is its own group, ``draft``: the MTP layer over ``draft_rows`` rows in
+``draft_calls`` calls (its catch-up over the committed tokens, then one call per chained draft) and
+the LM head over the drafted rows, with a fitted cost per call (``t_draft_call``: a call's host
+work and dispatches). The MTP layer's own attention is not counted (one layer of the model's).
 """
 
 from __future__ import annotations
@@ -33,30 +42,40 @@ from .cache import cache_bytes, index_entry_bytes, latent_row_bytes
 from .flops import TokenFlops, fixed_per_token, decode_flops, prefill_flops, sum_attended
 from .flops import attended_positions, scored_keys
 from .memory import component_bytes
-from .params import count_params, expert_params
+from .params import count_params, expert_params, mtp_layer_params
 
-GROUPS = ("weights", "experts", "attention", "recurrence", "head")
+GROUPS = ("weights", "experts", "attention", "recurrence", "head", "draft")
 # the fitted model prices a step's attention for prefill chunks and for decode rows apart: on a CPU
 # one is compute-bound matmul work and the other a gather over the cache, whose efficiencies differ
 # several-fold (one coefficient for both made SmolLM2's decode 30% off)
-FITTED_GROUPS = ("weights", "experts", "attention", "attention_decode", "recurrence", "head")
+FITTED_GROUPS = ("weights", "experts", "attention", "attention_decode", "recurrence", "head", "draft")
 # coefficient names, in the order of ``features``
-TERMS = ("t_step", "t_seq", "t_dispatch_seq_layer", "t_dispatch_expert") + tuple(f"c_{g}" for g in FITTED_GROUPS)
+TERMS = ("t_step", "t_seq", "t_dispatch_seq_layer", "t_dispatch_expert", "t_draft_call") + tuple(
+    f"c_{g}" for g in FITTED_GROUPS)
+# terms a calibration without speculative decoding never measured (its steps have no drafts): 0
+DRAFT_TERMS = ("t_draft_call", "c_draft")
 OPS_PER_EXPERT = 4          # gate/up matmul, activation, down matmul, weighted scatter
 
 
 @dataclass(frozen=True)
 class StepShape:
-    """What one engine step computed: (new tokens, cached tokens) per prefill chunk and the
-    cached tokens before the step per decode sequence (which adds one token)."""
+    """What one engine step computed: (new tokens, cached tokens) per prefill chunk, the cached
+    tokens before the step per decode sequence (which adds one token) and (drafts, cached
+    tokens) per decode sequence that verifies drafts (it adds ``1 + drafts`` tokens); then the
+    MTP drafter's pass: its layer's calls, rows and the rows the LM head drafted from."""
 
     prefill: tuple[tuple[int, int], ...] = ()
     decode: tuple[int, ...] = ()
+    verify: tuple[tuple[int, int], ...] = ()
+    draft_calls: int = 0
+    draft_rows: int = 0
+    draft_logit_rows: int = 0
 
     def __post_init__(self):
-        if any(n < 1 or c < 0 for n, c in self.prefill) or any(c < 0 for c in self.decode):
+        if (any(n < 1 or c < 0 for n, c in self.prefill + self.verify) or any(c < 0 for c in self.decode)
+                or min(self.draft_calls, self.draft_rows, self.draft_logit_rows) < 0):
             raise ValueError(f"a step shape needs new tokens >= 1 and cached tokens >= 0, got {self}")
-        if not self.prefill and not self.decode:
+        if not self.prefill and not self.decode and not self.verify:
             raise ValueError("a step shape needs at least one sequence")
 
     @classmethod
@@ -68,24 +87,30 @@ class StepShape:
         except KeyError as exc:
             raise ValueError(f"step record {rec.get('step', '?')}: no {exc.args[0]} (the record is from an "
                              "engine older than the step composition)") from None
-        if len(new) != len(cached) or not new:
-            raise ValueError(f"step record {rec.get('step', '?')}: seq_new_tokens and seq_cached_tokens "
-                             f"must be equally long and not empty, got {len(new)} and {len(cached)}")
-        return cls(prefill=tuple((n, c) for n, c in zip(new, cached) if n > 1),
-                   decode=tuple(c for n, c in zip(new, cached) if n == 1))
+        drafts = list(rec.get("seq_draft_tokens") or [0] * len(new))
+        if len(new) != len(cached) or len(drafts) != len(new) or not new:
+            raise ValueError(f"step record {rec.get('step', '?')}: seq_new_tokens, seq_cached_tokens and "
+                             f"seq_draft_tokens must be equally long and not empty, got {len(new)}, "
+                             f"{len(cached)} and {len(drafts)}")
+        return cls(prefill=tuple((n, c) for n, c, d in zip(new, cached, drafts) if n > 1 and not d),
+                   decode=tuple(c for n, c, d in zip(new, cached, drafts) if n == 1),
+                   verify=tuple((d, c) for c, d in zip(cached, drafts) if d),
+                   draft_calls=int(rec.get("draft_calls", 0)), draft_rows=int(rec.get("draft_rows", 0)),
+                   draft_logit_rows=int(rec.get("draft_logit_rows", 0)))
 
     @property
     def kind(self) -> str:
-        """"prefill", "decode" or "mixed" (prefill chunks beside decode rows)."""
-        return "mixed" if self.prefill and self.decode else "prefill" if self.prefill else "decode"
+        """"prefill", "decode" (verify steps included) or "mixed" (prefill chunks beside decode rows)."""
+        decoding = self.decode or self.verify
+        return "mixed" if self.prefill and decoding else "prefill" if self.prefill else "decode"
 
     @property
     def num_seqs(self) -> int:
-        return len(self.prefill) + len(self.decode)
+        return len(self.prefill) + len(self.decode) + len(self.verify)
 
     @property
     def num_tokens(self) -> int:
-        return sum(n for n, _ in self.prefill) + len(self.decode)
+        return sum(n for n, _ in self.prefill) + len(self.decode) + sum(1 + d for d, _ in self.verify)
 
 
 @dataclass(frozen=True)
@@ -97,10 +122,11 @@ class GroupWork:
 class StepWork:
     """FLOPs, bytes and structural op counts of steps of one model at one weight/cache dtype."""
 
-    def __init__(self, cfg: ModelConfig, weight_dtype: str = "bf16", kv_dtype: str = "bf16"):
+    def __init__(self, cfg: ModelConfig, weight_dtype: str = "bf16", kv_dtype: str = "bf16", graphs: bool = False):
         if weight_dtype not in ("fp32", "bf16", "fp8", "int8"):
             raise ValueError(f"weight dtype must be fp32, bf16, fp8 or int8, got {weight_dtype!r}")
         self.cfg = cfg
+        self.graphs = graphs        # verified drafts run as decode rows (static graphs), else as a chunk
         params = count_params(cfg)
         comp = component_bytes(cfg, params, "bf16" if weight_dtype == "fp32" else weight_dtype)
         scale = 2.0 if weight_dtype == "fp32" else 1.0
@@ -126,16 +152,30 @@ class StepWork:
             cfg.num_experts_per_tok if cfg.n_routed_experts else 0)
         self._weight_flops = fixed["projections"] + fixed["mhc"] + fixed["ffn"] - self._routed_flops
         self._head_flops = fixed["head"]
+        # the MTP layer (drafting): its active FLOPs per row, its weights but the routed experts
+        mtp_total, mtp_active = mtp_layer_params(cfg) if cfg.num_mtp_layers and cfg.arch != "llama" else (0, 0)
+        self._mtp_flops = 2 * mtp_active
+        self._mtp_fixed_bytes = scale * comp["mtp"] / max(cfg.num_mtp_layers, 1) * (
+            (mtp_total - cfg.n_routed_experts * expert_params(cfg)) / mtp_total if mtp_total else 0.0)
 
     def distinct_experts(self, tokens: int) -> float:
         """Expected distinct routed experts one MoE layer touches for ``tokens`` tokens (uniform routing)."""
         e, k = self.cfg.n_routed_experts, self.cfg.num_experts_per_tok
         return e * (1.0 - (1.0 - k / e) ** tokens) if e else 0.0
 
+    def attention_parts(self, shape: StepShape) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
+        """The step's attention work as (chunks: new, cached) and decode rows (cached before the
+        row): verified drafts are a chunk of ``1 + d`` tokens, or with ``graphs`` that many rows."""
+        if self.graphs:
+            rows = tuple(c + j for d, c in shape.verify for j in range(1 + d))
+            return shape.prefill, shape.decode + rows
+        return shape.prefill + tuple((1 + d, c) for d, c in shape.verify), shape.decode
+
     def _attention(self, shape: StepShape) -> tuple[float, float, float]:
         """(attention FLOPs, cache bytes read and written, recurrence FLOPs) of the step."""
+        chunks, decode = self.attention_parts(shape)
         cfg, flops, rows, idx_keys, rec = self.cfg, 0.0, 0.0, 0.0, 0.0
-        for new, cached in shape.prefill:
+        for new, cached in chunks:
             f: TokenFlops = prefill_flops(cfg, new, cached)
             flops += f.indexer_scoring + f.sparse_attention
             rec += f.kda_recurrence
@@ -143,7 +183,7 @@ class StepWork:
             rows += self._n_dsa * (sum_attended(cfg, end) - sum_attended(cfg, cached))
             rows += self._n_attn * end    # dense attention reads each key once per chunk (tiled)
             idx_keys += self._n_full * scored_keys(cfg, end)   # one score matmul per chunk reads each key once
-        for cached in shape.decode:
+        for cached in decode:
             f = decode_flops(cfg, cached + 1)
             flops += f.indexer_scoring + f.sparse_attention
             rec += f.kda_recurrence
@@ -152,10 +192,21 @@ class StepWork:
         read = rows * self._latent_row + idx_keys * self._index_entry
         return flops, read + shape.num_tokens * self._write_per_token, rec
 
+    def draft(self, shape: StepShape) -> GroupWork:
+        """The MTP drafter's pass: its layer's rows, its weights read once per call (the routed
+        experts a call's rows touch), the LM head over the drafted rows."""
+        if not shape.draft_calls:
+            return GroupWork(0.0, 0.0)
+        per_call = shape.draft_rows / shape.draft_calls
+        experts = self.distinct_experts(per_call) * self._expert_bytes if self._n_moe else 0.0
+        return GroupWork(shape.draft_rows * self._mtp_flops + shape.draft_logit_rows * self._head_flops,
+                         shape.draft_calls * (self._mtp_fixed_bytes + experts + self._head_bytes))
+
     def groups(self, shape: StepShape) -> dict[str, GroupWork]:
         tokens = shape.num_tokens
         attn_flops, attn_bytes, rec_flops = self._attention(shape)
-        logit_rows = shape.num_seqs     # the last row of each prefill chunk, every decode row
+        # the last row of each prefill chunk, every decode row, every verified row
+        logit_rows = len(shape.prefill) + len(shape.decode) + sum(1 + d for d, _ in shape.verify)
         return {
             "weights": GroupWork(tokens * self._weight_flops, self._fixed_bytes + tokens * self._embed_row_bytes),
             "experts": GroupWork(tokens * self._routed_flops,
@@ -163,6 +214,7 @@ class StepWork:
             "attention": GroupWork(attn_flops, attn_bytes),
             "recurrence": GroupWork(rec_flops, shape.num_seqs * self._state_rw if self._n_kda else 0.0),
             "head": GroupWork(logit_rows * self._head_flops, self._head_bytes),
+            "draft": self.draft(shape),
         }
 
     def fitted_groups(self, shape: StepShape) -> dict[str, GroupWork]:
@@ -170,8 +222,9 @@ class StepWork:
         (``FITTED_GROUPS``; the two attention parts sum to ``groups``' attention)."""
         out = self.groups(shape)
         decode = GroupWork(0.0, 0.0)
-        if shape.decode:
-            flops, nbytes, _ = self._attention(StepShape(decode=shape.decode))
+        rows = self.attention_parts(shape)[1]
+        if rows:
+            flops, nbytes, _ = self._attention(StepShape(decode=rows))
             decode = GroupWork(flops, nbytes)
         whole = out["attention"]
         out["attention"] = GroupWork(whole.flops - decode.flops, whole.bytes - decode.bytes)
@@ -180,7 +233,7 @@ class StepWork:
 
     def op_counts(self, shape: StepShape) -> tuple[float, float]:
         """(per-sequence-per-layer dispatches, per-expert dispatches) beyond the fixed ones."""
-        return (len(shape.prefill) * self.cfg.num_layers,
+        return (len(self.attention_parts(shape)[0]) * self.cfg.num_layers,
                 self._n_moe * self.distinct_experts(shape.num_tokens) * OPS_PER_EXPERT)
 
     def features(self, shape: StepShape, peak_flops: float, mem_bw: float) -> list[float]:
@@ -188,7 +241,7 @@ class StepWork:
         groups = self.fitted_groups(shape)
         per_seq_layer, per_expert = self.op_counts(shape)
         roof = [max(g.flops / peak_flops, g.bytes / mem_bw) for g in (groups[n] for n in FITTED_GROUPS)]
-        return [1.0, float(shape.num_seqs), per_seq_layer, per_expert, *roof]
+        return [1.0, float(shape.num_seqs), per_seq_layer, per_expert, float(shape.draft_calls), *roof]
 
 
 @dataclass(frozen=True)

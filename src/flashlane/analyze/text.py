@@ -147,6 +147,17 @@ def _roofline(t: _Table, s: dict, ctxs: list[str]):
     for c in ctxs:
         t.add(f"prefill/TTFT {tokens_label(int(c))} prompt", lambda m, c=c: m["roofline"]["prefill"][c]["seconds"],
               fmt_seconds)
+    if any(m["roofline"].get("speculative_mtp") for m in t.ms):
+        for c in ctxs:
+            for key, label in (("batch1", "B=1"), ("batch", f"B<={s['batch']}")):
+                t.add(f"MTP k=3 decode speedup {label} @{tokens_label(int(c))}",
+                      lambda m, c=c, k=key: _speedup(m["roofline"].get("speculative_mtp"), c, k), fmt_number,
+                      rate=True)
+
+
+def _speedup(spec: dict | None, ctx: str, key: str) -> float | None:
+    row = (spec or {}).get(ctx, {}).get(key)
+    return row["speedup"] if row else None
 
 
 def _task(t: _Table, description: str):

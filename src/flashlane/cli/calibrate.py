@@ -29,7 +29,8 @@ FOLLOW_UP_TOKENS = (16, 256)
 # batch that shared a cached prefix would make long-context batches cheap to build (SmolLM2: 14
 # min instead of over an hour), but their decode steps then read the same, cache-hot pages, and
 # that fit priced served decode steps 16-36% low (measured), so every prompt is its own.
-CALIBRATION_METHOD = 3
+# 4: a warm-up of 64 decode steps and one full batch before the grid (``warm_up``).
+CALIBRATION_METHOD = 4
 
 
 def _ints(value: str) -> tuple[int, ...]:
@@ -95,7 +96,7 @@ def _grid_steps(args, chunk: int, seed: int):
     params = SamplingParams(max_tokens=args.decode_tokens, temperature=0, ignore_eos=True)
     longest = llm.engine.max_model_len - (1 + len(FOLLOW_UP_TOKENS)) * args.decode_tokens - sum(FOLLOW_UP_TOKENS)
     try:
-        llm.generate([[rng.randrange(3, vocab)] * 8], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
+        warm_up(llm, rng, vocab, max(args.batches))
         llm.engine.step_stats.clear()
         for batch in args.batches:
             for ctx in batch_contexts(args.contexts, batch, args.batch_tokens, longest):
@@ -111,6 +112,18 @@ def _grid_steps(args, chunk: int, seed: int):
         return [r.to_json(with_ids=False) for r in llm.engine.step_stats], llm.engine.info.report(), llm.engine.config
     finally:
         llm.close()
+
+
+def warm_up(llm, rng, vocab: int, batch: int) -> None:
+    """Steps a fresh engine runs before the grid is measured. Its first few dozen decode steps run
+    1.5x slower than later ones on tiny models (measured on tiny-standard: 36 ms against 23 ms for
+    the same batch-1 step), and a grid started after one 2-token request fitted that start-up into
+    every step's fixed cost; 64 decode steps and one batch of the largest size settle it."""
+    from ..engine.sampling_params import SamplingParams
+
+    llm.generate([[rng.randrange(3, vocab) for _ in range(64)]], SamplingParams(max_tokens=64, ignore_eos=True))
+    llm.generate([[rng.randrange(3, vocab) for _ in range(64)] for _ in range(batch)],
+                 SamplingParams(max_tokens=8, ignore_eos=True))
 
 
 def _weight_dtype(info: dict) -> str:
@@ -153,6 +166,10 @@ def _refresh_front_end(args) -> int:
         print("error: --front-end-only: a quantized calibration records no quantization method; "
               "calibrate it in full", file=sys.stderr)
         return 2
+    if cal.mode.get("speculative"):
+        print("error: --front-end-only: a calibration with speculative decoding records no acceptance "
+              "settings; calibrate it in full", file=sys.stderr)
+        return 2
     t0 = time.monotonic()
     kwargs = {k: cal.mode[k] for k in ("dtype", "kv_cache_dtype", "compile", "kernel_backend", "num_threads",
                                        "linear_kernel") if cal.mode.get(k) is not None}
@@ -160,7 +177,8 @@ def _refresh_front_end(args) -> int:
         del kwargs["kv_cache_dtype"]        # recorded resolved: the model's dtype is the flag's "auto"
     predict = cal.cost_model(resolve_model(args.model).cfg).seconds
     front_end = _front_end(args.model, kwargs, args.seed, max(cal.grid.get("batches") or [1]), predict)
-    cal = replace(cal, front_end=front_end, grid={**cal.grid, "method": CALIBRATION_METHOD},
+    # the grid keeps the method it was measured with; the front end is this method's
+    cal = replace(cal, front_end=front_end, grid={**cal.grid, "front_end_method": CALIBRATION_METHOD},
                   notes=[*cal.notes, f"front end re-measured with calibration method {CALIBRATION_METHOD} on "
                                      f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} in "
                                      f"{time.monotonic() - t0:.0f} s (--front-end-only {args.front_end_only})"])
@@ -189,6 +207,7 @@ def run(args) -> int:
     from ..analyze.hardware import calibrate_local
     from ..analyze.step_cost import StepShape, StepWork, error_summary, fit
     from ..machine import machine_info
+    from ..simulate.setup import speculative_mode
 
     t0 = time.monotonic()
     hw = calibrate_local()
@@ -198,7 +217,8 @@ def run(args) -> int:
         records += recs
     shapes = [StepShape.from_record(r) for r in records]
     seconds = [r["end"] - r["start"] for r in records]
-    work = StepWork(cfg, _weight_dtype(info), "int8" if info["kv_cache_dtype"] == "int8" else "bf16")
+    work = StepWork(cfg, _weight_dtype(info), "int8" if info["kv_cache_dtype"] == "int8" else "bf16",
+                    graphs=bool(args.compile))
     peak, bw = hw.peak("bf16"), hw.mem_bw
     model, result = fit(work, shapes, seconds, peak, bw)
     # 2-fold cross-validation: each half predicted by the fit on the other
@@ -214,7 +234,8 @@ def run(args) -> int:
             "quantization": _weight_dtype(info) if info.get("quantization") else None,
             "compile": bool(args.compile), "kernel_backend": (info.get("kernel_backend") or {}).get("name"),
             "num_threads": info.get("num_threads"),
-            "linear_kernel": (info.get("linear_kernel") or {}).get("format")}
+            "linear_kernel": (info.get("linear_kernel") or {}).get("format"),
+            "speculative": speculative_mode(args.speculative_config)}
     cal = Calibration(
         model=args.model, machine=machine_info(), mode=mode, peak_flops=peak, mem_bw=bw,
         weight_dtype=_weight_dtype(info), kv_dtype="int8" if info["kv_cache_dtype"] == "int8" else "bf16",

@@ -187,9 +187,10 @@ class LocalSimulator:
     def beside(self, group: StackRun, target: CompareTarget, run: PointRun, cfg: BenchConfig, source, synth,
                folder: Path) -> dict | None:
         args = self.engine_args(group.flags.get(target.name, []))
-        if args.get("speculative_config"):
-            self.log(f"simulate: stack {group.name} decodes speculatively, which the simulator does not model: "
-                     "no simulated figures beside it")
+        if _measured_acceptance(args):
+            self.log(f"simulate: stack {group.name} decodes speculatively at the acceptance its weights give, which "
+                     "the simulated server cannot know (give it synthetic_acceptance_length to simulate it): no "
+                     "simulated figures beside it")
             return None
         setup = self.setup(target.model, args)
         if setup is None:
@@ -212,7 +213,7 @@ class LocalSimulator:
         std = next((t for t in targets if t.role == "standard"), None)
         cands = [g for g in groups if g.stack and hyb and std and g.points.get(hyb.name) and g.points.get(std.name)
                  and all(not g.stack.external(t.role) for t in (hyb, std))
-                 and not any(self.engine_args(g.flags.get(t.name, [])).get("speculative_config") for t in (hyb, std))]
+                 and not any(_measured_acceptance(self.engine_args(g.flags.get(t.name, []))) for t in (hyb, std))]
         if not cands:
             return None
 
@@ -268,3 +269,13 @@ def _sim_cfg(cfg: BenchConfig) -> BenchConfig:
 def _mean(xs) -> float | None:
     xs = list(xs)
     return sum(xs) / len(xs) if xs else None
+
+
+def _measured_acceptance(engine_args: dict) -> bool:
+    """Speculative decoding whose acceptance comes from the model (not a synthetic length)."""
+    spec = engine_args.get("speculative_config")
+    if not spec:
+        return False
+    if isinstance(spec, str):
+        spec = json.loads(spec)
+    return spec.get("rejection_sample_method") != "synthetic"

@@ -357,6 +357,7 @@ class LLMEngine:
     def _record_step(self, sched, wall_start: float, start: float, model_s: float, progress,
                      cached: tuple[int, ...]) -> None:
         usage = self.cache.usage()
+        mtp = self.runner.mtp
         self._num_steps += 1
         self.step_stats.append(StepRecord(
             step=self._num_steps, start=wall_start, end=wall_start + (time.monotonic() - start),
@@ -367,7 +368,10 @@ class LLMEngine:
             num_preempted=len(sched.preempted), pages_used=usage["pages_used"], slots_used=usage["slots_used"],
             request_ids=tuple(s.req.request_id for s in sched.seqs),
             seq_new_tokens=tuple(s.num_new for s in sched.seqs), seq_cached_tokens=cached,
-            draft_tokens=progress.drafted, accepted_tokens=sum(progress.accepted)))
+            draft_tokens=progress.drafted, accepted_tokens=sum(progress.accepted),
+            seq_draft_tokens=tuple(len(s.draft) for s in sched.seqs),
+            draft_calls=mtp.calls if mtp is not None else 0, draft_rows=mtp.rows if mtp is not None else 0,
+            draft_logit_rows=mtp.logit_rows if mtp is not None else 0))
 
     def stats(self) -> dict:
         return {"running": self.num_running, "waiting": self.num_waiting,

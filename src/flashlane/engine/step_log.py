@@ -41,6 +41,12 @@ class StepRecord:
     # speculative decoding: draft tokens verified this step (counted in num_tokens) and accepted
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    # per scheduled sequence: its draft tokens (of seq_new_tokens); the MTP drafter's pass after
+    # the step: its layer's calls and rows, and the rows drafted from (what a step-cost model prices)
+    seq_draft_tokens: tuple[int, ...] = ()
+    draft_calls: int = 0
+    draft_rows: int = 0
+    draft_logit_rows: int = 0
 
     @property
     def duration(self) -> float:
@@ -49,6 +55,7 @@ class StepRecord:
     def to_json(self, with_ids: bool = True) -> dict:
         d = asdict(self)
         d["seq_new_tokens"], d["seq_cached_tokens"] = list(self.seq_new_tokens), list(self.seq_cached_tokens)
+        d["seq_draft_tokens"] = list(self.seq_draft_tokens)
         if with_ids:
             d["request_ids"] = list(self.request_ids)
         else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import acceptance
 from ..analyze.cache import cache_bytes
 from ..analyze.calibration import MACHINE_KEYS, Calibration, load_calibration
 from ..analyze.gpu_step_cost import HardwareStepCost, HostAssumptions, ParallelLayout, parse_hardware_spec
@@ -49,7 +50,7 @@ def mechanism_args(m: Mechanisms, cfg: ModelConfig) -> dict:
             args["static_batch_size"] = m.static_batch_size
     else:
         args.update(scheduler="continuous", max_wait_ms=m.batching_window_ms)
-    if m.speculative_method is not None:       # (the simulator refuses it by name: not modelled yet)
+    if m.speculative_method is not None:       # (the simulator assumes an acceptance length: with_acceptance)
         args["speculative_config"] = {"method": m.speculative_method,
                                       "num_speculative_tokens": m.num_speculative_tokens}
     return args
@@ -62,7 +63,31 @@ class Source:
     detail: dict
 
 
-HOST_TERMS = ("t_step", "t_seq", "t_dispatch_seq_layer", "t_dispatch_expert")
+def with_acceptance(engine_args: dict) -> tuple[dict, dict | None]:
+    """``engine_args`` whose ``speculative_config`` states a mean acceptance length (the simulated
+    server accepts drafts at random, as the engine's synthetic acceptance does): the given one, or
+    ``acceptance.ASSUMED`` carried to the config's draft count; and the assumption row, if assumed."""
+    from ..engine.speculative.config import SpeculativeConfig
+
+    spec = SpeculativeConfig.parse(engine_args.get("speculative_config"))
+    if spec is None or spec.synthetic:
+        return engine_args, None
+    length = round(acceptance.assumed_length(spec.num_speculative_tokens), 4)
+    config = {**spec.as_dict(), "rejection_sample_method": "synthetic", "synthetic_acceptance_length": length}
+    return ({**engine_args, "speculative_config": config},
+            {"name": "acceptance_length", "value": length, "source": acceptance.ASSUMED_SOURCE
+             + "; give your own with speculative_config.synthetic_acceptance_length"})
+
+
+def speculative_mode(value) -> dict | None:
+    """The drafter and draft count of a ``speculative_config`` (what a calibration must share)."""
+    from ..engine.speculative.config import SpeculativeConfig
+
+    spec = SpeculativeConfig.parse(value)
+    return spec.mode() if spec is not None else None
+
+
+HOST_TERMS = ("t_step", "t_seq", "t_dispatch_seq_layer", "t_dispatch_expert", "t_draft_call")
 
 
 def calibrated(model: str, calibration: str | Calibration, engine_args: dict,
@@ -83,14 +108,14 @@ def calibrated(model: str, calibration: str | Calibration, engine_args: dict,
     where = cal.model if isinstance(calibration, Calibration) else str(calibration)
     if cal.model != model:
         raise ValueError(f"calibration {where} is of model {cal.model!r}, not {model!r}")
-    args = dict(engine_args)
+    args, assumed = with_acceptance(dict(engine_args))
     if args.get("dtype") in (None, "auto"):
         args["dtype"] = cal.mode["dtype"]
     if args.get("num_threads") is None:
         args["num_threads"] = cal.mode.get("num_threads")
     mode = {"dtype": args["dtype"], "kv_cache_dtype": args.get("kv_cache_dtype", "auto"),
             "quantization": args.get("quantization"), "compile": bool(args.get("compile")),
-            "num_threads": args["num_threads"]}
+            "num_threads": args["num_threads"], "speculative": speculative_mode(args.get("speculative_config"))}
     if mode["kv_cache_dtype"] == "auto":
         mode["kv_cache_dtype"] = cal.mode["kv_cache_dtype"]
     bad = [f"{k}: the calibration has {cal.mode.get(k)!r}, the simulated server {v!r}"
@@ -118,9 +143,21 @@ def calibrated(model: str, calibration: str | Calibration, engine_args: dict,
                                                                        "decode": front.served_decode_contention},
                                                 "contention_measured_to_seqs": front.served_contention_seqs},
                          "fit": {k: cal.fit.get(k) for k in (
-                             "median_rel_error", "p90_rel_error", "n_steps")}}})
+                             "median_rel_error", "p90_rel_error", "n_steps")}},
+                         **({"speculative_acceptance": assumed} if assumed else {})})
     return setup, [f"calibration {where}: {w}; the simulated figures are for the calibration's machine"
                    for w in warnings]
+
+
+def gpu_max_num_seqs(cfg: ModelConfig, cache_bytes_free: float, speculative: bool) -> int:
+    """``GPU_MAX_NUM_SEQS``, fewer where a hybrid's state rows (a second one per running request
+    with speculative decoding, for the rollback) would take more than half the cache."""
+    from ..cache_spec import cache_spec
+
+    per_seq = cache_spec(cfg, mtp=speculative).bytes_per_slot("bfloat16") * (2 if speculative else 1)
+    if not per_seq:
+        return GPU_MAX_NUM_SEQS
+    return max(1, min(GPU_MAX_NUM_SEQS, int(cache_bytes_free / 2 // per_seq)))
 
 
 def on_hardware(model: str, hardware: str, engine_args: dict, tp: int | None = None, ep: int | None = None,
@@ -132,10 +169,12 @@ def on_hardware(model: str, hardware: str, engine_args: dict, tp: int | None = N
     the weights. ``scale`` multiplies named assumptions (sensitivity)."""
     named = resolve_model(model)
     cfg = named.cfg
+    engine_args, assumed = with_acceptance(engine_args)
     hw, devices = parse_hardware_spec(hardware)
     layout = ParallelLayout(devices, tp or devices, ep or devices)
     kv = "bf16" if engine_args.get("kv_cache_dtype", "auto") in ("auto", "bfloat16") else "int8"
-    cost = HardwareStepCost(StepWork(cfg, weight_dtype, kv), hw, layout, graphs=bool(engine_args.get("compile")),
+    graphs = bool(engine_args.get("compile"))
+    cost = HardwareStepCost(StepWork(cfg, weight_dtype, kv, graphs=graphs), hw, layout, graphs=graphs,
                             host=host, weight_dtype=weight_dtype)
     if scale:
         cost = cost.scaled(**scale)
@@ -145,11 +184,13 @@ def on_hardware(model: str, hardware: str, engine_args: dict, tp: int | None = N
         raise ValueError(f"{model} in {weight_dtype} does not fit {hardware}: {mem.weights / 1e9:.0f} GB of weights "
                          f"per device against {mem.usable / 1e9:.0f} GB usable")
     # the cache gets what the weights leave unless the flags give a budget; activations are bf16
-    args = {"max_num_batched_tokens": GPU_BATCHED_TOKENS, "max_num_seqs": GPU_MAX_NUM_SEQS,
+    args = {"max_num_batched_tokens": GPU_BATCHED_TOKENS,
+            "max_num_seqs": gpu_max_num_seqs(cfg, mem.free, bool(engine_args.get("speculative_config"))),
             "cache_memory": int(mem.free), **engine_args, "dtype": "bfloat16"}
     return SimSetup(model, cfg, cost.seconds, args, prompt_tokenizer(model, cfg.vocab_size),
                     FrontEnd(source="not modelled on GPUs: zero front-end time assumed"),
                     devices=tuple([hw.name] * devices),
                     assumptions={"step_costs": "hardware", "hardware": hardware, "layout": {
                         "devices": devices, "tp": layout.tp, "ep": layout.ep}, "weight_dtype": weight_dtype,
-                        "scaled": dict(scale or {}), "assumptions": cost.assumptions()})
+                        "scaled": dict(scale or {}),
+                        "assumptions": cost.assumptions() + ([assumed] if assumed else [])})

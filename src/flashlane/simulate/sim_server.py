@@ -81,10 +81,10 @@ class SimServer(httpx.AsyncBaseTransport):
 
     def _deliver(self, loop, step: SimStep) -> None:
         finished = set(step.finished)
-        for rid in step.sampled:
+        for rid, n in zip(step.sampled, step.sampled_tokens):
             queue = self._streams.get(rid)
-            if queue is not None:
-                loop.call_later(self.front_end.token_s, queue.put_nowait, rid in finished)
+            if queue is not None:     # one chunk per step, with every token the step gave (accepted drafts)
+                loop.call_later(self.front_end.token_s, queue.put_nowait, (n, rid in finished))
 
     # ---- HTTP ------------------------------------------------------------------------------
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -134,9 +134,9 @@ class SimServer(httpx.AsyncBaseTransport):
             self._arrived.set()
             n, done = 0, False
             while not done:
-                done = await queue.get()
-                n += 1
-                yield _chunk(rid, self.model, chat, FILLER_TEXT, first=n == 1)
+                got, done = await queue.get()
+                yield _chunk(rid, self.model, chat, FILLER_TEXT * got, first=n == 0)
+                n += got
             yield _chunk(rid, self.model, chat, None, finish="length")
             yield {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "model": self.model,
                    "choices": [], "usage": {"prompt_tokens": len(prompt), "completion_tokens": n,
@@ -185,13 +185,18 @@ def _chunk(rid: str, model: str, chat: bool, text: str | None, first: bool = Fal
 
 def _record(step: SimStep) -> dict:
     """The step in the engine's step-record shape (``/debug/steps``), on the simulation's clock."""
-    new, decode = step.seq_new_tokens, sum(1 for n in step.seq_new_tokens if n == 1)
+    new = step.seq_new_tokens
+    drafts = step.seq_draft_tokens or (0,) * len(new)
+    decoding = [n == 1 or d > 0 for n, d in zip(new, drafts)]     # a verify step's sequence decodes
+    prefill = sum(n for n, dec in zip(new, decoding) if not dec)
     return {"step": step.step, "start": step.start, "end": step.end, "model_s": step.duration, "sample_s": 0.0,
-            "num_seqs": len(new), "num_tokens": sum(new), "prefill_tokens": sum(n for n in new if n > 1),
-            "decode_tokens": decode, "decode_seqs": decode, "num_running": step.num_running,
+            "num_seqs": len(new), "num_tokens": sum(new), "prefill_tokens": prefill,
+            "decode_tokens": sum(new) - prefill, "decode_seqs": sum(decoding), "num_running": step.num_running,
             "num_waiting": step.num_waiting, "num_preempted": step.num_preempted,
             "request_ids": list(step.request_ids), "seq_new_tokens": list(new),
-            "seq_cached_tokens": list(step.seq_cached_tokens)}
+            "seq_cached_tokens": list(step.seq_cached_tokens), "seq_draft_tokens": list(step.seq_draft_tokens),
+            "draft_tokens": sum(step.seq_draft_tokens), "draft_calls": step.draft_calls,
+            "draft_rows": step.draft_rows, "draft_logit_rows": step.draft_logit_rows}
 
 
 def _json(status: int, doc: dict) -> httpx.Response:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from ...acceptance import rate_for_length
+
 METHODS = ("ngram", "mtp")
 REJECTION_SAMPLE_METHODS = ("standard", "synthetic")
 MAX_SPECULATIVE_TOKENS = 16
@@ -25,15 +27,8 @@ def _int_in(field: str, value, low: int, high: int) -> int:
 
 def synthetic_rate(length: float, k: int) -> float:
     """The conditional acceptance probability ``p`` (the same at every position) for which the
-    mean acceptance length ``1 + p + p^2 + ... + p^k`` equals ``length`` (bisection; monotone in p)."""
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if sum(mid ** i for i in range(k + 1)) < length:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
+    mean acceptance length ``1 + p + p^2 + ... + p^k`` equals ``length``."""
+    return rate_for_length(length, k)
 
 
 @dataclass(frozen=True)
@@ -106,6 +101,11 @@ class SpeculativeConfig:
             out.update(rejection_sample_method="synthetic",
                        synthetic_acceptance_length=self.synthetic_acceptance_length)
         return out
+
+    def mode(self) -> dict:
+        """What a step-cost calibration must share with the engine it prices: the drafter and how
+        many drafts (acceptance is the workload's, not the mode's)."""
+        return {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens}
 
     def describe(self) -> str:
         what = f"{self.method}, {self.num_speculative_tokens} draft tokens"

@@ -53,6 +53,7 @@ class MtpPass:
         self.tail = tail                                             # [state rows, kpool, 2D] or None
         self.indexer = next(m for m in model.modules() if isinstance(m, Indexer) and m.layer_id == layer)
         self.state_rows = {"index_tail": [spec.index_row(layer)]} if tail is not None else {}
+        self.calls = self.rows = self.logit_rows = 0   # the last pass's MTP layer calls, rows, drafted rows
 
     def _batch(self, tokens, starts, tables, slots) -> ForwardBatch:
         return ForwardBatch.build(tokens, starts, tables, slots, self.cache.tensors, self.index_topk, ops=self.ops)
@@ -62,6 +63,8 @@ class MtpPass:
         allows (one token per sequence; any number where the layer keeps no per-sequence state,
         each token a row of its own, as a verify step's; with its indexer tail, the same number
         per sequence, one of ``mtp_rows``), else eagerly."""
+        self.calls += 1
+        self.rows += sum(len(t) for t in tokens)
         c = self.compiled
         counts = {len(t) for t in tokens}
         if c is not None and (self.tail is None or counts == {1}):
@@ -74,6 +77,7 @@ class MtpPass:
     def run(self, seqs, starts: list[int], tables, slots, cu: list[int], hidden: torch.Tensor, results) -> None:
         """After a step's forward (and any rollback): ``hidden`` holds the target's rows of every
         scheduled token (sequence ``b`` from ``cu[b]``); ``results`` what each sequence gained."""
+        self.calls = self.rows = self.logit_rows = 0
         toks, st, tb, sl, parts, last, members, gained_of = [], [], [], [], [], [], [], []
         page_ends = []            # (row in the MTP batch, page): the target hidden saved per page
         ring_rows = []            # (row in the MTP batch, flat mtp_ring row)
@@ -122,6 +126,8 @@ class MtpPass:
         else:              # the ring's entries come from the layer's recorded input: eager
             batch = self._batch(toks, st, tb, sl)
             batch.record = {}
+            self.calls += 1
+            self.rows += sum(len(t) for t in toks)
             out = self.model.mtp(batch, h_in)
             rows, flat = (torch.tensor(x, dtype=torch.long) for x in zip(*ring_rows))
             x = batch.record[self.indexer.layer_id][rows]
@@ -155,6 +161,7 @@ class MtpPass:
         if not active:
             return
         h = h_last[torch.tensor(active, dtype=torch.long)]
+        self.logit_rows += h.shape[0]
         token = self.model.compute_logits(h).argmax(dim=-1).tolist()
         for b, t in zip(active, token):
             seqs[b].req.draft_token_ids.append(t)
@@ -172,6 +179,7 @@ class MtpPass:
                 reqs = [seqs[b].req for b in chain]
                 h = self._mtp([[r.draft_token_ids[-1]] for r in reqs], [r.mtp_position + step - 1 for r in reqs],
                               [tables[b] for b in chain], [slots[b] for b in chain], h)
+                self.logit_rows += h.shape[0]
                 for r, t in zip(reqs, self.model.compute_logits(h).argmax(dim=-1).tolist()):
                     r.draft_token_ids.append(t)
                 step += 1
