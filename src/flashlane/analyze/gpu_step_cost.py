@@ -503,6 +503,8 @@ class HardwareStepCost:
                 "per distinct expert per MoE layer)")),
             *((f"kernels_per_layer_{k}", v, KERNELS_SOURCE) for k, v in KERNELS_PER_LAYER.items()),
             ("kernels_outside_layers", KERNELS_PER_STEP, KERNELS_SOURCE),
+            ("kernels_per_draft_call", KERNELS_PER_DRAFT_CALL, KERNELS_SOURCE + "; one MTP drafter call: its input "
+             "norms and projection, a DSA layer with its indexer, an MoE layer, its norm, the LM head and argmax"),
             ("graphs", self.graphs, "given; decode-only steps replay a CUDA graph (kernels x graph_replay_s after "
              "the GPU work); steps with a prefill run eagerly, as vLLM / SGLang capture decode batches only; eager "
              "steps wait for kernel launches only beyond the GPU work"),
