@@ -115,7 +115,7 @@ def per_step_error(model, records: list[dict]) -> dict:
 def run_model(model: str, args, cal_dir: Path) -> dict:
     import torch
 
-    from flashlane import LLM
+    from flashlane import LLM, SamplingParams
     from flashlane.analyze.calibration import load_calibration
     from flashlane.analyze.models import resolve_model
 
@@ -132,7 +132,7 @@ def run_model(model: str, args, cal_dir: Path) -> dict:
     llms = {"off": LLM(model, **base), "mtp": LLM(model, **base, speculative_config=SPEC)}
     vocab = llms["off"].engine.config.vocab_size
     for llm in llms.values():       # warm-up
-        llm.generate(prompts(2, 64, vocab, 999), __import__("flashlane").SamplingParams(max_tokens=8, ignore_eos=True))
+        llm.generate(prompts(2, 64, vocab, 999), SamplingParams(max_tokens=8, ignore_eos=True))
     rows = []
     for c in args.concurrency:
         sides = {s: {"measured": [], "simulated": [], "records": [], "length": []} for s in llms}

@@ -23,6 +23,7 @@ class Options:
 
 SPECULATIVE_DRAFTS = 3      # the GLM recipes' MTP draft count (SGLang, InferenceX)
 
+
 def _ctx(t: int) -> str:
     return str(t)
 

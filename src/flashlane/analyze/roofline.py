@@ -158,7 +158,7 @@ class Roofline:
         total, active = mtp_layer_params(cfg)
         routed = cfg.n_routed_experts * expert_params(cfg)
         per_param = self._mtp_bytes / max(total, 1)
-        head_flops = 2 * cfg.vocab_size * cfg.hidden_size
+        head_flops = decode_flops(cfg, 1).head
         per_call_bytes = ((total - routed) * per_param + self._head_bytes) / lay.tp + (
             self.distinct_experts(batch) * expert_params(cfg) * per_param / lay.devices)
         flops = drafts * batch * (2 * active + head_flops) / lay.tp

@@ -273,9 +273,7 @@ def _mean(xs) -> float | None:
 
 def _measured_acceptance(engine_args: dict) -> bool:
     """Speculative decoding whose acceptance comes from the model (not a synthetic length)."""
-    spec = engine_args.get("speculative_config")
-    if not spec:
-        return False
-    if isinstance(spec, str):
-        spec = json.loads(spec)
-    return spec.get("rejection_sample_method") != "synthetic"
+    from ..engine.speculative.config import SpeculativeConfig
+
+    spec = SpeculativeConfig.parse(engine_args.get("speculative_config"))
+    return spec is not None and not spec.synthetic

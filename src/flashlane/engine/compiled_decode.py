@@ -45,6 +45,7 @@ import torch
 from ..kernels.backends import KernelBackend
 from ..models.cache_tensors import CacheTensors
 from ..models.forward_batch import ForwardBatch
+from ..models.mtp import call_draft
 from .engine_args import check_sizes
 
 log = logging.getLogger("flashlane.engine")
@@ -129,10 +130,6 @@ def _call_region(layer: torch.nn.Module, x: torch.Tensor, batch: ForwardBatch, *
 
 def _whole_forward(model: torch.nn.Module, batch: ForwardBatch) -> torch.Tensor:
     return model(batch)
-
-
-def _draft_region(layer: torch.nn.Module, embed_tokens: torch.nn.Module, batch: ForwardBatch, hidden: torch.Tensor):
-    return layer.draft(embed_tokens, batch, hidden)
 
 
 def _mark_dynamic(value, size: int, history: int, rows: int, depth: int = 0) -> None:
@@ -368,7 +365,7 @@ class CompiledDecode:
         known = self._layers.get(id(layer))
         if known is None:
             known = self._layers[id(layer)] = (_LayerCache(self.cache, layer.self_attn.layer_id),
-                                               self._compiled(("draft",) + _layer_kind(layer), _draft_region))
+                                               self._compiled(("draft",) + _layer_kind(layer), call_draft))
         local, (_, graph) = known
         history = batch.block_tables.shape[1] * batch.page_size
         _mark_dynamic((hidden,), batch.state_slots.shape[0], history, batch.input_ids.shape[0])

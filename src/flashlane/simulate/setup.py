@@ -154,7 +154,9 @@ def gpu_max_num_seqs(cfg: ModelConfig, cache_bytes_free: float, speculative: boo
     with speculative decoding, for the rollback) would take more than half the cache."""
     from ..cache_spec import cache_spec
 
-    per_seq = cache_spec(cfg, mtp=speculative).bytes_per_slot("bfloat16") * (2 if speculative else 1)
+    spec = cache_spec(cfg, mtp=speculative)
+    per_seq = spec.bytes_per_slot("bfloat16") + (spec.draft_rollback_bytes_per_sequence("bfloat16")
+                                                 if speculative else 0)
     if not per_seq:
         return GPU_MAX_NUM_SEQS
     return max(1, min(GPU_MAX_NUM_SEQS, int(cache_bytes_free / 2 // per_seq)))
