@@ -5,7 +5,8 @@ realistic acceptance), eager and with static graphs (`compile=True` on both side
 concurrency 1 and 4, against the same engine with speculation off. With static graphs a verify
 step runs through the decode graphs (one row per verified token) where no layer keeps
 per-sequence state (tiny-standard), and through graphs of 1 + k tokens per sequence where it
-does (tiny-flash: KDA and indexer-tail state, rolled back by an eager replay); the MTP layer's
+does (tiny-flash: KDA and indexer-tail state, whose state after each verified token the graph
+keeps, so a rejection copies the accepted one back); the MTP layer's
 chained drafts run in a compiled region, and so does its catch-up over the committed tokens
 where it keeps no per-sequence state (tiny-standard) or there is one such token. Offline engines (`flashlane.LLM`), both built once and warmed up, same dtype and threads;
 each round runs the same prompts on both sides in ABBA order, so each round gives paired figures.
@@ -100,6 +101,12 @@ def measure(model: str, concurrency: int, rounds: int, prompt_len: int, max_toke
         "rollback_bytes_per_running_request": (info.speculative["rollback_bytes"] // info.speculative["rollback_rows"]
                                                if info.speculative["rollback_rows"] else 0),
         "describe": sides["mtp"].engine.describe_cache().split("; speculative decoding ")[-1],
+        # static graphs with per-sequence state: the per-token states of a verify step, allocated
+        # against cache_spec's count for every sequence of the largest bucket
+        "verify_state_bytes": {
+            "measured": info.speculative.get("verify_state_bytes", 0),
+            "cache_spec": (graphs.max_size * sides["mtp"].engine.cache.spec.verify_state_bytes_per_sequence(K, info.dtype)
+                           if graphs is not None and graphs.step_states is not None else 0)},
     }
 
 
@@ -152,9 +159,9 @@ def main() -> None:
         "goal": {"decode_tok_s_per_request_ratio_at_c1": GOAL,
                  **{f"met_{mode}": all(x >= GOAL for x in c1[mode]) for mode in modes},
                  "static_graphs": "verify steps in static graphs (tiny-standard: one decode row per token; "
-                                  "tiny-flash: graphs of 1 + k tokens per sequence, eager replay on a "
-                                  "rejection); MTP chained drafts compiled, its catch-up compiled for "
-                                  "tiny-standard and eager for tiny-flash when it spans several tokens"},
+                                  "tiny-flash: graphs of 1 + k tokens per sequence keeping per-token "
+                                  "states, a copy on a rejection); MTP chained drafts and catch-up "
+                                  "compiled (tiny-flash: per catch-up count)"},
     }, a.out)
 
 

@@ -104,7 +104,7 @@ def test_drafts_verified_in_the_decode_graphs_keep_the_ids(arch, num_prompts, k)
 def test_drafts_of_a_stateful_model_verify_in_graphs_of_their_own(num_prompts):
     """glm5_next keeps KDA and indexer-tail state, which advances token by token: its verify
     steps run graphs compiled for 1 + k tokens per sequence (a sequence with fewer drafts, or none,
-    padded), rejections roll back from the record buffers, and the ids (greedy, batched, prefix
+    padded), rejections copy back the state kept after their last accepted token, and the ids (greedy, batched, prefix
     caching on) equal the eager engine's."""
     from test_speculative import _Oracle
 

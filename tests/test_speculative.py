@@ -285,8 +285,8 @@ def test_state_rows_after_each_accept_length_equal_the_plain_run(name, static):
     """Hybrid models (KDA recurrent + conv state, indexer tail; the preset and a hidden three-layer
     config): after every accept length 0..k, each state row equals the plain run's there (to
     1e-5: verify and replay chunks round differently from single-token decode steps). ``static``:
-    the verify steps run through static graphs (k tokens per sequence, the stateful layers'
-    inputs kept in record buffers for the replay)."""
+    the verify steps run through static graphs (k + 1 tokens per sequence, the stateful layers'
+    state after each token kept, and the accepted one copied back instead of a replay)."""
     m = _model(name)
     prompt = _prompts(m, 1, seed=61)[0]
     params = SamplingParams(max_tokens=80, temperature=0, ignore_eos=True)
@@ -308,6 +308,10 @@ def test_state_rows_after_each_accept_length_equal_the_plain_run(name, static):
         verified = []
         fits = spec.engine.runner._fits_graph
         spec.engine.runner._fits_graph = lambda seqs: verified.append(fits(seqs) and bool(seqs[0].draft)) or fits(seqs)
+        step_states = spec.engine.runner.compiled.step_states
+        restore, copied = step_states.restore, []
+        step_states.restore = lambda seqs, kept, slots: copied.append(kept) or restore(seqs, kept, slots)
+        spec.engine.runner.state_replay = None          # a verify step in graphs never replays
     sreq = spec.engine.add_request("r", prompt, params)
     seen = set()
     while spec.engine.has_unfinished():
@@ -327,6 +331,12 @@ def test_state_rows_after_each_accept_length_equal_the_plain_run(name, static):
     assert spec.engine.info.speculative["rollback_rows"] == spec.engine.info.num_state_slots
     if static:      # the verify steps with k drafts ran in the graphs (fewer drafts near the end: eager)
         assert sum(verified) >= len(seen)
+        copies = {n for kept in copied for n in kept}         # kept tokens of rejecting sequences: copies
+        assert len(copies) >= 2 and copies <= set(range(1, k + 1))
+        info = spec.engine.info.speculative
+        assert info["verify_state_bytes"] == step_states.nbytes() == spec.engine.runner.compiled.max_size \
+            * spec.engine.cache.spec.verify_state_bytes_per_sequence(k, spec.engine.info.dtype) > 0
+        assert "per-token states" in spec.engine.describe_cache()
 
 
 def test_rollback_rows_are_planned_and_reported():

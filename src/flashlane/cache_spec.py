@@ -152,9 +152,27 @@ class CacheSpec:
 
     def draft_rollback_bytes_per_sequence(self, dtype: str = "bfloat16") -> int:
         """Speculative decoding: the state a running sequence keeps aside while its drafts are
-        verified (one more state row, whatever the number of drafts: rejected drafts are rolled
-        back by restoring it and replaying the accepted tokens)."""
+        verified in an eager step (one more state row, whatever the number of drafts: rejected
+        drafts are rolled back by restoring it and replaying the accepted tokens)."""
         return self.bytes_per_slot(dtype)
+
+    def target_state_rows(self, pool: str) -> tuple[int, ...]:
+        """The rows of slot pool ``pool`` the target model's layers write (the MTP layer's
+        indexer tail is the drafter's own)."""
+        if pool == "index_tail" and self.kpool > 1:
+            return tuple(r for r, layer in enumerate(self.index_layers) if layer not in self.mtp_layers)
+        if pool in ("conv", "recurrent"):
+            return tuple(range(len(self.kda_layers)))
+        return ()
+
+    def verify_state_bytes_per_sequence(self, num_draft_tokens: int, dtype: str = "bfloat16") -> int:
+        """Speculative decoding in static graphs: a verify step of 1 + k tokens keeps a
+        sequence's state after each of its tokens but the last (k states of every row the target
+        model's stateful layers write), and a rejection copies the accepted one back instead of
+        replaying (``engine.cache.snapshots.StepStates``); per running sequence of the largest
+        graph bucket."""
+        return num_draft_tokens * sum(p.bytes_per_unit(dtype) // p.rows * len(self.target_state_rows(p.name))
+                                      for p in self.pools() if p.unit == "slot")
 
     def mtp_bytes_per_token(self, dtype: str = "bfloat16") -> float:
         """Cache bytes per token the MTP layer adds: its latent and pooled index rows and the

@@ -33,7 +33,7 @@ RANGE_NAMES = (
     "lm_head",
     "sampling",        # log-softmax, logprobs and the draw (the lm_head inside excluded)
     "mtp",             # speculative decoding: the MTP layer drafting (its catch-up and chained steps)
-    "draft_rollback",  # speculative decoding: replaying the accepted tokens after a rejection
+    "draft_rollback",  # speculative decoding: the state back after a rejection (eager: a replay; graphs: a copy)
 )
 
 _NULL = contextlib.nullcontext()

@@ -71,6 +71,7 @@ class CacheBytes:
     state_conv: int                       # per sequence, model dtype
     state_index_tail: int                 # per sequence, model dtype
     draft_rollback: int = 0               # per running sequence with speculative decoding on
+    verify_state_per_draft: int = 0       # per running sequence and draft token, verify steps in graphs
 
     def per_token(self, fmt: str) -> float:
         return self.latent_per_token[fmt] + self.index_per_token[fmt]
@@ -112,6 +113,7 @@ def cache_bytes(cfg: ModelConfig, model_dtype: str = "bfloat16") -> CacheBytes:
         state_conv=spec.conv_bytes_per_sequence(model_dtype),
         state_index_tail=spec.tail_bytes_per_sequence(model_dtype),
         draft_rollback=spec.draft_rollback_bytes_per_sequence(model_dtype),
+        verify_state_per_draft=spec.verify_state_bytes_per_sequence(1, model_dtype),
     )
 
 

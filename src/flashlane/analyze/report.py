@@ -85,6 +85,7 @@ def analyze_model(model: NamedConfig, setup: Setup, task: TaskProfile, opts: Opt
             "kda_recurrent": cache.state_recurrent, "kda_conv": cache.state_conv,
             "index_tail": cache.state_index_tail,
             "speculative_rollback_bytes_per_sequence": cache.draft_rollback,
+            "speculative_verify_state_bytes_per_sequence_per_draft": cache.verify_state_per_draft,
         },
         "flops": {
             "attention_per_token": {k: f.attention for k, f in flops.items()},

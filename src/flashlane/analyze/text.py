@@ -102,6 +102,8 @@ def _cache_and_state(t: _Table, kv: str):
     t.add("state bytes/sequence", lambda m: m["state"]["bytes_per_sequence"], fmt_bytes)
     t.add("+ speculative rollback/sequence", lambda m: m["state"]["speculative_rollback_bytes_per_sequence"],
           fmt_bytes)
+    t.add("+ verify states/sequence/draft (graphs)",
+          lambda m: m["state"]["speculative_verify_state_bytes_per_sequence_per_draft"], fmt_bytes)
 
 
 def _flops(t: _Table, ctxs: list[str]):

@@ -21,8 +21,8 @@ earlier mechanism, kept for comparison and for models without a ``layer_call`` h
 Speculative decoding: a verify step (each sequence's last token and its drafts) of a model
 without per-sequence state runs through the decode graphs, one row per verified token (see
 ``ModelRunner._run_compiled``); a model with per-sequence state (KDA, pooled indexer tails) gets
-graphs of its own for ``verify_rows`` tokens per sequence, whose stateful layers keep their inputs
-in record buffers for the rollback's replay. With MTP drafting (``mtp=True``) the MTP layer's
+graphs of its own for ``verify_rows`` tokens per sequence, whose stateful layers keep their state
+after each token (``StepStates``), so a rollback copies the accepted one back. With MTP drafting (``mtp=True``) the MTP layer's
 ``draft`` is one more compiled region, run over padded decode batches.
 
 Graph backends: ``torch.compile`` (Inductor) on CPU. On CUDA the same padded batches are what
@@ -46,6 +46,7 @@ from ..kernels.backends import KernelBackend
 from ..models.cache_tensors import CacheTensors
 from ..models.forward_batch import ForwardBatch
 from ..models.mtp import call_draft
+from .cache.snapshots import StepStates
 from .engine_args import check_sizes
 
 log = logging.getLogger("flashlane.engine")
@@ -91,10 +92,9 @@ class _ZeroRows:
 class _LayerCache:
     """One layer's pool views in the shape the layer code reads them (``CacheTensors``): its spec
     maps every layer id to row 0 and ``layer(name, 0)`` is this layer's view of pool ``name``;
-    ``record`` (a stateful layer's input over a verify step, see ``ForwardBatch.keep_input``) is
-    its record buffer."""
+    ``<pool>_steps`` are its per-token state buffers of a verify step (``StepStates``)."""
 
-    def __init__(self, cache: CacheTensors, layer_id: int, record: torch.Tensor | None = None):
+    def __init__(self, cache: CacheTensors, layer_id: int, steps: StepStates | None = None):
         spec = cache.spec
         rows: dict[str, int] = {}
         if layer_id in spec.latent_layers:
@@ -104,8 +104,8 @@ class _LayerCache:
         if layer_id in spec.kda_layers:
             rows.update(dict.fromkeys(("conv", "recurrent"), spec.kda_row(layer_id)))
         self.views = {name: cache.layer(name, row) for name, row in rows.items()}
-        if record is not None:
-            self.views["record"] = record
+        if steps is not None:
+            self.views.update(steps.views(rows))
         self.page_size = spec.page_size
         self.index_row_of = _ZeroRows()
         self.spec = self
@@ -202,20 +202,13 @@ class CompiledDecode:
         self.mtp_rows = tuple(mtp_rows) if self.mtp else ()
         self._warmed = False
         # Speculative verify steps of a model with per-sequence state (regional only): graphs for
-        # ``verify_rows`` tokens per sequence, the stateful layers' inputs kept in record buffers
-        # (one per layer, rows of the largest bucket) for the rollback's replay.
+        # ``verify_rows`` tokens per sequence, the stateful layers' state after each token but the
+        # last kept for every sequence of the largest bucket, for the rollback's copy.
         self.verify_rows = verify_rows if self.regional else 1
         if (self.verify_rows > 1 or self.mtp) and hidden is None:
             raise ValueError("verify graphs and the MTP region need hidden=(hidden size, activation dtype)")
-        self.hidden = hidden       # (width, dtype) of the hidden states: record buffers, MTP warm-up
-        self.records: dict[int, torch.Tensor] = {}
-        if self.verify_rows > 1:
-            spec = cache.spec
-            stateful = (set(spec.kda_layers) | (set(spec.index_layers) if spec.kpool > 1 else set())) \
-                - set(spec.mtp_layers)
-            width, dtype = hidden
-            self.records = {i: torch.zeros(self.max_size * self.verify_rows, width, dtype=dtype, device=cache.device)
-                            for i in sorted(stateful)}
+        self.hidden = hidden       # (width, dtype) of the hidden states: MTP warm-up
+        self.step_states = StepStates(cache, self.max_size, self.verify_rows - 1) if self.verify_rows > 1 else None
 
     @property
     def mode_name(self) -> str:
@@ -295,10 +288,6 @@ class CompiledDecode:
         return ForwardBatch.padded_verify(tokens, starts, tables, slots, self.cache, size, width, q,
                                           self.index_topk, ops=self.ops)
 
-    def recorded(self, rows: int) -> dict[int, torch.Tensor]:
-        """What the stateful layers kept over the last verify step's first ``rows`` rows."""
-        return {layer: buf[:rows] for layer, buf in self.records.items()}
-
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         """Hidden states of every row of a padded batch (padding rows included)."""
         size = self._mark_batch(batch)
@@ -352,7 +341,7 @@ class CompiledDecode:
         known = self._layers.get(id(layer))
         if known is None:
             layer_id = layer.self_attn.layer_id
-            known = self._layers[id(layer)] = (_LayerCache(self.cache, layer_id, self.records.get(layer_id)),
+            known = self._layers[id(layer)] = (_LayerCache(self.cache, layer_id, self.step_states),
                                                self._compiled(_layer_kind(layer)))
         local, (_, graph) = known
         history = batch.block_tables.shape[1] * batch.page_size

@@ -53,8 +53,9 @@ class EngineInfo:
     # float linears' weight format (engine arg linear_kernel): {"format", "why", "linears", "extra_bytes"}
     linear_kernel: dict | None = None
     # speculative decoding: the parsed speculative_config plus "rollback_rows" and "rollback_bytes"
-    # (a state row per slot for stateful models) and "verify_in_graphs" (None without static
-    # graphs); None = off
+    # (a state row per slot for stateful models, for eager verify steps), "verify_in_graphs" (None
+    # without static graphs) and "verify_state_bytes" (the per-token states a verify step in graphs
+    # keeps for every sequence of the largest bucket); None = off
     speculative: dict | None = None
 
     # fields of the info that are not part of the start-up report (kept as it always was)
@@ -112,8 +113,10 @@ class EngineInfo:
                      "not the model's (speed measurements only)")
         graphs = {None: "", True: ", verify steps through static graphs",
                   False: ", verify steps eager (per-sequence state, whole-model graphs)"}
+        steps = s.get("verify_state_bytes", 0)
+        steps = f" (per-token states {steps / 2**20:.2f} MiB: a rollback there is a copy)" if steps else ""
         return (f"; speculative decoding {s['method']} k={s['num_speculative_tokens']} {what}, {rollback}"
-                + graphs[s.get("verify_in_graphs")])
+                + graphs[s.get("verify_in_graphs")] + steps)
 
     def _describe_prefix_cache(self) -> str:
         if not self.prefix_caching:

@@ -206,7 +206,9 @@ class LLMEngine:
                 # static graphs: verify steps run through them (with per-sequence state, regional
                 # graphs and k drafts for every sequence of the step)
                 "verify_in_graphs": None if self.runner.compiled is None
-                else not spec.needs_state_slot or self.runner.compiled.verify_rows > 1},
+                else not spec.needs_state_slot or self.runner.compiled.verify_rows > 1,
+                "verify_state_bytes": 0 if self.runner.compiled is None or self.runner.compiled.step_states is None
+                else self.runner.compiled.step_states.nbytes()},
         )
 
     def _warm_up(self) -> None:

@@ -71,37 +71,37 @@ class ModelRunner:
             self.mtp.run(seqs, starts, tables, slots, cu, hidden, results)
         return results
 
-    def _keep_states(self, seqs, slots: list[int], every: bool = False) -> dict[int, int]:
-        """The state of every sequence with drafts (``every``: of every sequence) before a verify
-        step, for a rollback: sequence -> the row it was copied to (none for models without
-        per-sequence state)."""
+    def _keep_states(self, seqs, slots: list[int]) -> dict[int, int]:
+        """The state of every sequence with drafts before an eager verify step, for a rollback:
+        sequence -> the row it was copied to (none for models without per-sequence state)."""
         kept = {}
         if self.cache.stateful:
             for b, s in enumerate(seqs):
-                if s.draft or every:
+                if s.draft:
                     kept[b] = self.cache.draft_row(s.req)
                     self.cache.snapshots.copy(slots[b], kept[b])
         return kept
 
+    @staticmethod
+    def _kept_tokens(seq, result: SeqResult) -> int:
+        """Of a sequence's tokens in this step, how many its state must end after (the known
+        ones and the accepted drafts)."""
+        gained = len(result.tokens) if result.tokens is not None else int(result.token is not None)
+        return seq.num_known + max(gained - 1, 0)
+
     def _roll_back(self, seqs, results, new_tokens, starts, tables, slots, kept: dict[int, int],
                    record: dict, cu: list[int]) -> None:
-        """Sequences that rejected drafts (or, in a padded verify batch, ran past their own
-        tokens: ``new_tokens[b]`` is what the forward computed) get their state back from before
-        the verify step and advance it again over the tokens they kept, from the inputs the
+        """After an eager verify step, sequences that rejected drafts get their state back from
+        before the step and advance it again over the tokens they kept, from the inputs the
         stateful layers recorded in the verify forward (``models.state_replay``): every state row
         then holds what a run without drafts would. Pages need nothing: the rows past the
         accepted tokens are simply overwritten later."""
-        def kept_tokens(b: int) -> int:
-            r = results[b]
-            gained = len(r.tokens) if r.tokens is not None else int(r.token is not None)
-            return seqs[b].num_known + max(gained - 1, 0)
-
-        replay = [b for b in kept if kept_tokens(b) < len(new_tokens[b])]
+        replay = [b for b in kept if self._kept_tokens(seqs[b], results[b]) < len(new_tokens[b])]
         if not replay:
             return
         for b in replay:
             self.cache.snapshots.copy(kept[b], slots[b])
-        keep = [new_tokens[b][: kept_tokens(b)] for b in replay]
+        keep = [new_tokens[b][: self._kept_tokens(seqs[b], results[b])] for b in replay]
         rows = torch.tensor([cu[b] + j for b, k in zip(replay, keep) for j in range(len(k))], dtype=torch.long)
         batch = ForwardBatch.build(keep, [starts[b] for b in replay], [tables[b] for b in replay],
                                    [slots[b] for b in replay], self.cache.tensors, self.index_topk, ops=self.ops)
@@ -130,19 +130,17 @@ class ModelRunner:
         advance token by token: a verify batch of ``verify_rows`` tokens per sequence runs the
         graphs compiled for it, a sequence with fewer drafts (a page boundary, its output limit)
         padded with token 0 at the following positions (their rows land on the null page or are
-        overwritten later), and every sequence whose kept tokens end before its rows do is rolled
-        back from the state kept before the step and the inputs the stateful layers left in
-        their record buffers, as after an eager step."""
+        overwritten later), and every sequence whose kept tokens end before its rows do gets the
+        state the step left after its last kept token copied back into its slot
+        (``StepStates``): no replay."""
         starts = [s.req.num_computed_tokens for s in seqs]
         tables = [self.cache.block_table(s.req) for s in seqs]
         slots = [self.cache.state_slot(s.req) for s in seqs]
         tokens = [[s.req.all_token_ids[c]] + s.draft for s, c in zip(seqs, starts)]
-        kept = {}
-        if self.cache.stateful and any(s.draft for s in seqs):
-            q = self.compiled.verify_rows
+        q = self.compiled.verify_rows if self.cache.stateful and any(s.draft for s in seqs) else 1
+        if q > 1:
             tokens = [t + [0] * (q - len(t)) for t in tokens]
             cu = [b * q for b in range(len(seqs) + 1)]
-            kept = self._keep_states(seqs, slots, every=True)
             hidden = self.compiled.run(self.compiled.batch_verify(tokens, starts, tables, slots))
         else:
             cu = [0]
@@ -150,8 +148,12 @@ class ModelRunner:
                 cu.append(cu[-1] + len(t))
             hidden = self.compiled.run(self.compiled.batch_rows(tokens, starts, tables, slots))
         results = self._timed_sample(seqs, starts, cu, hidden)
-        if kept:
-            self._roll_back(seqs, results, tokens, starts, tables, slots, kept, self.compiled.recorded(cu[-1]), cu)
+        if q > 1:
+            short = [b for b, (s, r) in enumerate(zip(seqs, results)) if self._kept_tokens(s, r) < q]
+            if short:
+                with profiling_range("draft_rollback"):
+                    self.compiled.step_states.restore(short, [self._kept_tokens(seqs[b], results[b]) for b in short],
+                                                      [slots[b] for b in short])
         if self.mtp is not None:
             self.mtp.run(seqs, starts, tables, slots, cu, hidden, results)
         return results

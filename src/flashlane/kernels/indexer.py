@@ -41,12 +41,17 @@ def write_index_keys(index_keys: torch.Tensor, keys: torch.Tensor, *, slot_mappi
                      start_of_seq: torch.Tensor | None = None, ctx_of_seq: torch.Tensor | None = None,
                      block_tables: torch.Tensor | None = None,
                      state_slots: torch.Tensor | None = None,
-                     key_scale: torch.Tensor | None = None) -> None:
+                     key_scale: torch.Tensor | None = None,
+                     tail_steps: torch.Tensor | None = None) -> None:
     """Store the new tokens' index keys ([N, D], in flat-batch order, positions ascending per
     sequence; int8 ``index_keys`` come with ``key_scale``, see ``kv_store``). ``kpool == 1``:
     one key per token at ``slot_mapping``. ``kpool > 1``: every pool whose last token is new is
     compressed (older members come from the tail ring) and written once; tokens of each
-    sequence's still-incomplete pool go to the tail ring (kept unquantised)."""
+    sequence's still-incomplete pool go to the tail ring (kept unquantised).
+
+    ``tail_steps`` [>= B, S, kpool, 2D], only where every one of the ``B`` sequences has S + 1 new
+    tokens (a static verify step): the ring as single-token steps would leave it after each of a
+    sequence's first S tokens (every token but a pool's last goes to its ring entry)."""
     if kpool == 1:
         write_rows(index_keys, key_scale, slot_mapping, keys)
         return
@@ -57,6 +62,8 @@ def write_index_keys(index_keys: torch.Tensor, keys: torch.Tensor, *, slot_mappi
     slot = state_slots[seq]
     start = start_of_seq[seq]
     packed = torch.cat([keys, gates], dim=-1).to(tail.dtype)                     # [N, 2D]
+    if tail_steps is not None:
+        _ring_steps(tail_steps, tail, packed, positions, state_slots, kpool)
 
     # Branch-free, so a compiled decode step has no data-dependent shapes: every token computes
     # its pool's key, and rows that complete no pool (or are not pending) write to row/slot 0 of
@@ -75,6 +82,19 @@ def write_index_keys(index_keys: torch.Tensor, keys: torch.Tensor, *, slot_mappi
 
     pending = positions >= ctx_of_seq[seq] // kpool * kpool
     tail[torch.where(pending, slot, 0), positions % kpool] = packed
+
+
+def _ring_steps(out: torch.Tensor, tail: torch.Tensor, packed: torch.Tensor, positions: torch.Tensor,
+                state_slots: torch.Tensor, kpool: int) -> None:
+    b, steps = state_slots.shape[0], out.shape[1]
+    per_seq = packed.shape[0] // b
+    ring = tail[state_slots]                                                     # [B, P, 2D]
+    packed, residue = packed.view(b, per_seq, -1), (positions % kpool).view(b, per_seq)
+    member = torch.arange(kpool, device=packed.device)
+    for j in range(steps):
+        hit = (member == residue[:, j, None]) & (residue[:, j, None] != kpool - 1)
+        ring = torch.where(hit[..., None], packed[:, j, None], ring)
+        out[:b, j] = ring
 
 
 def _score_pools(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, scale: float) -> torch.Tensor:

@@ -59,11 +59,14 @@ def _check(q, k, v, g, beta, state, name: str) -> None:
 
 
 def kda_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                  initial_state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  initial_state: torch.Tensor | None = None,
+                  states_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Step-by-step KDA over ``T`` steps for ``B`` independent sequences.
 
     q, k, g: [B, T, H, Dk]; v: [B, T, H, Dv]; beta: [B, T, H]; initial_state: [B, H, Dk, Dv] or None
     (zeros). Returns (o [B, T, H, Dv] in v's dtype, final state [B, H, Dk, Dv] fp32).
+    ``states_out`` [B, S, H, Dk, Dv] (S < T): the state after each of the first S steps is written
+    there as well (a speculative verify step keeps them to roll back by copying one).
     """
     _check(q, k, v, g, beta, initial_state, "kda_recurrent")
     b, t, h, dk = k.shape
@@ -78,6 +81,8 @@ def kda_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
         update = (vf[:, i] - recalled) * bf[:, i].unsqueeze(-1)
         state = state + k[:, i].unsqueeze(-1) * update.unsqueeze(-2)
         out[:, i] = torch.einsum("bhkv,bhk->bhv", state, q[:, i])
+        if states_out is not None and i < states_out.shape[1]:
+            states_out[:, i] = state
     return out.to(v.dtype), state
 
 
@@ -93,16 +98,19 @@ def kda_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tenso
 
 
 def kda_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-              state_pool: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor | None, steps: int) -> torch.Tensor:
+              state_pool: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor | None, steps: int,
+              steps_out: torch.Tensor | None = None) -> torch.Tensor:
     """``kda_decode`` over ``steps`` tokens for each of ``B`` sequences (rows ``b * steps + j``; a
     static verify step): q, k, g [B * steps, H, Dk], v [B * steps, H, Dv], beta [B * steps, H]
-    -> o [B * steps, H, Dv]."""
+    -> o [B * steps, H, Dv]. ``steps_out`` [>= B, steps - 1, H, Dk, Dv]: the state after each
+    token but the last (see ``kda_recurrent``)."""
     b = slots.shape[0]
     state = state_pool.index_select(0, slots)
     if fresh is not None:
         state = state.masked_fill(fresh.view(-1, 1, 1, 1), 0.0)
     split = lambda t: t.reshape(b, steps, *t.shape[1:])  # noqa: E731
-    out, state = kda_recurrent(split(q), split(k), split(v), split(g), split(beta), state)
+    out, state = kda_recurrent(split(q), split(k), split(v), split(g), split(beta), state,
+                               None if steps_out is None else steps_out[:b])
     state_pool.index_copy_(0, slots, state.to(state_pool.dtype))
     return out.reshape(v.shape)
 

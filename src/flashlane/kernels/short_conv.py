@@ -29,11 +29,14 @@ def _weight(weight: torch.Tensor) -> torch.Tensor:
 
 
 def short_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, slots: torch.Tensor,
-               cu_q: torch.Tensor, fresh: torch.Tensor | None = None) -> torch.Tensor:
+               cu_q: torch.Tensor, fresh: torch.Tensor | None = None,
+               steps_out: torch.Tensor | None = None) -> torch.Tensor:
     """Varlen causal conv: sequence ``b`` owns rows ``cu_q[b]:cu_q[b+1]`` of ``x`` [N, C] and state
     ``conv_state[slots[b]]`` [C, K-1], which is read, then overwritten with its newest K-1 inputs.
 
     ``fresh`` [B] bool: sequences starting at position 0 (their slot content is ignored).
+    ``steps_out`` [>= B, S, C, K-1], only where every sequence has S + 1 new rows (a static verify
+    step): the state after each of its first S tokens is written there as well.
     """
     _check(x, weight, conv_state)
     w = _weight(weight)
@@ -61,6 +64,13 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, 
         + torch.arange(width, device=x.device)
     conv_state.index_copy_(0, slots, buf[tail_rows.reshape(-1)].view(num_seqs, width, -1)
                            .transpose(1, 2).to(conv_state.dtype))
+    if steps_out is not None:
+        # after token j of a segment, the state is its rows j+1 .. j+K-1 (history first)
+        steps = steps_out.shape[1]
+        rows = ((cu_q[:-1] + torch.arange(num_seqs, device=x.device) * width)[:, None, None]
+                + torch.arange(1, steps + 1, device=x.device)[None, :, None] + torch.arange(width, device=x.device))
+        steps_out[:num_seqs] = buf[rows.reshape(-1)].view(num_seqs, steps, width, -1).transpose(2, 3) \
+            .to(steps_out.dtype)
     return F.silu(acc).to(x.dtype)
 
 

@@ -73,7 +73,8 @@ class Indexer(KeepFp32):
         else:
             ops.write_index_keys(keys, k, key_scale, batch, kpool=self.kpool,
                                  gates=F.linear(x, self.index_kpool_compress_gate),
-                                 ape=self.index_kpool_compress_ape, tail=cache.layer("index_tail", row))
+                                 ape=self.index_kpool_compress_ape, tail=cache.layer("index_tail", row),
+                                 steps=batch.step_states("index_tail", row))
 
     @torch.no_grad()
     def tail_entries(self, x: torch.Tensor, positions: torch.Tensor, ops: KernelBackend) -> torch.Tensor:

@@ -43,8 +43,8 @@ class ForwardBatch:
     # (layer id -> [N, hidden]), so a rollback recomputes only that state (``models.state_replay``)
     record: dict | None = None
     # A static verify batch (``padded_verify``): every sequence has this many new tokens, its
-    # rows ``b * rows_per_seq + j``; the stateful layers write their inputs into their record
-    # buffer (``keep_input``) instead of ``record``.
+    # rows ``b * rows_per_seq + j``; the stateful layers also keep their state after each token
+    # but the last (``step_states``), so a rollback copies one back instead of replaying.
     rows_per_seq: int = 1
 
     def __post_init__(self) -> None:
@@ -66,15 +66,17 @@ class ForwardBatch:
         return all(q == 1 for q in self.q_lens)
 
     def keep_input(self, layer_id: int, x: torch.Tensor) -> None:
-        """A stateful layer's input over this batch's tokens, kept for a speculative rollback: in
-        ``record`` (eager), or in the layer's record buffer of a static verify batch, which the
-        compiled step's per-layer cache view carries (``engine.compiled_decode``)."""
-        if self.static:
-            buf = self.cache.layer("record", 0) if self.rows_per_seq > 1 else None
-            if buf is not None:      # (the MTP layer's catch-up keeps nothing)
-                buf[: x.shape[0]].copy_(x)
-        elif self.record is not None:
+        """A stateful layer's input over this (eager) batch's tokens, kept in ``record`` for a
+        speculative rollback's replay."""
+        if self.record is not None:
             self.record[layer_id] = x
+
+    def step_states(self, pool: str, row: int) -> torch.Tensor | None:
+        """Where a stateful layer keeps its state (slot pool ``pool``, layer row ``row``) after
+        each token of a static verify batch but the last, or None: the compiled step's per-layer
+        cache view carries these buffers (``engine.cache.snapshots.StepStates``); other batches
+        and the MTP layer's catch-up keep nothing."""
+        return self.cache.layer(f"{pool}_steps", row) if self.rows_per_seq > 1 else None
 
     @property
     def start_lens(self) -> list[int]:

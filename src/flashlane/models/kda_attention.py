@@ -93,11 +93,11 @@ class KDAAttention(nn.Module):
         conv_state, rec_state = cache.layer("conv", row), cache.layer("recurrent", row)
         n = x.shape[0]
         mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
-        mixed = ops.short_conv(mixed, self.conv1d.weight, conv_state, batch)
+        mixed = ops.short_conv(mixed, self.conv1d.weight, conv_state, batch, steps=batch.step_states("conv", row))
         q, k, v = (t.view(n, self.heads, self.head_dim) for t in mixed.split(self.qkv_dim, dim=-1))
         g = self.forget_gate(x, ops)
         beta = torch.sigmoid(self.b_proj(x))
-        return ops.kda(q, k, v, g, beta, rec_state, batch)
+        return ops.kda(q, k, v, g, beta, rec_state, batch, steps=batch.step_states("recurrent", row))
 
     def replay_state(self, x: torch.Tensor, batch: ForwardBatch) -> None:
         """Advance the slots' conv and recurrent state over tokens whose layer input ``x`` was

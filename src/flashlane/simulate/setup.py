@@ -149,14 +149,19 @@ def calibrated(model: str, calibration: str | Calibration, engine_args: dict,
                    for w in warnings]
 
 
-def gpu_max_num_seqs(cfg: ModelConfig, cache_bytes_free: float, speculative: bool) -> int:
-    """``GPU_MAX_NUM_SEQS``, fewer where a hybrid's state rows (a second one per running request
-    with speculative decoding, for the rollback) would take more than half the cache."""
+def gpu_max_num_seqs(cfg: ModelConfig, cache_bytes_free: float, num_draft_tokens: int = 0,
+                     graphs: bool = False) -> int:
+    """``GPU_MAX_NUM_SEQS``, fewer where a hybrid's state rows would take more than half the
+    cache: with speculative decoding (``num_draft_tokens`` > 0) a second row per running request
+    for an eager step's rollback and, with graphs, its per-token states of a verify step."""
     from ..cache_spec import cache_spec
 
-    spec = cache_spec(cfg, mtp=speculative)
-    per_seq = spec.bytes_per_slot("bfloat16") + (spec.draft_rollback_bytes_per_sequence("bfloat16")
-                                                 if speculative else 0)
+    spec = cache_spec(cfg, mtp=num_draft_tokens > 0)
+    per_seq = spec.bytes_per_slot("bfloat16")
+    if num_draft_tokens:
+        per_seq += spec.draft_rollback_bytes_per_sequence("bfloat16")
+        if graphs:
+            per_seq += spec.verify_state_bytes_per_sequence(num_draft_tokens, "bfloat16")
     if not per_seq:
         return GPU_MAX_NUM_SEQS
     return max(1, min(GPU_MAX_NUM_SEQS, int(cache_bytes_free / 2 // per_seq)))
@@ -186,8 +191,12 @@ def on_hardware(model: str, hardware: str, engine_args: dict, tp: int | None = N
         raise ValueError(f"{model} in {weight_dtype} does not fit {hardware}: {mem.weights / 1e9:.0f} GB of weights "
                          f"per device against {mem.usable / 1e9:.0f} GB usable")
     # the cache gets what the weights leave unless the flags give a budget; activations are bf16
+    from ..engine.speculative.config import SpeculativeConfig
+
+    speculative = SpeculativeConfig.parse(engine_args.get("speculative_config"))
+    drafts = speculative.num_speculative_tokens if speculative is not None else 0
     args = {"max_num_batched_tokens": GPU_BATCHED_TOKENS,
-            "max_num_seqs": gpu_max_num_seqs(cfg, mem.free, bool(engine_args.get("speculative_config"))),
+            "max_num_seqs": gpu_max_num_seqs(cfg, mem.free, drafts, graphs),
             "cache_memory": int(mem.free), **engine_args, "dtype": "bfloat16"}
     return SimSetup(model, cfg, cost.seconds, args, prompt_tokenizer(model, cfg.vocab_size),
                     FrontEnd(source="not modelled on GPUs: zero front-end time assumed"),

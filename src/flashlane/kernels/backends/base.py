@@ -114,15 +114,20 @@ class KernelBackend(ABC):
                  lower_bound: float | None) -> torch.Tensor:
         """Per-channel log-decay g [N, H, D] (fp32) from the low-rank gate output f [N, H*D]."""
 
+    # ``steps`` (conv, KDA, the indexer's tail ring), only on a static verify batch: a buffer
+    # [>= B, rows_per_seq - 1, *state] where each sequence's state after each of its tokens but
+    # the last is written too, so a speculative rollback copies the accepted one back
+    # (``engine.cache.snapshots.StepStates``); None: nothing kept.
+
     @abstractmethod
     def short_conv(self, x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
-                   meta: VarlenBatch) -> torch.Tensor:
+                   meta: VarlenBatch, steps: torch.Tensor | None = None) -> torch.Tensor:
         """Causal depthwise conv + SiLU of x [N, C] per sequence, from and into the conv state of
         its slot (a sequence at position 0 ignores what its slot holds)."""
 
     @abstractmethod
     def kda(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-            rec_state: torch.Tensor, meta: VarlenBatch) -> torch.Tensor:
+            rec_state: torch.Tensor, meta: VarlenBatch, steps: torch.Tensor | None = None) -> torch.Tensor:
         """The KDA recurrence of every sequence (decode steps and prefill chunks), starting from and
         leaving its state in ``rec_state[state_slots[b]]``: q, k, g [N, H, Dk], v [N, H, Dv],
         beta [N, H] -> o [N, H, Dv]."""
@@ -145,7 +150,8 @@ class KernelBackend(ABC):
     @abstractmethod
     def write_index_keys(self, index_keys: torch.Tensor, keys: torch.Tensor, key_scale: torch.Tensor | None,
                          meta: VarlenBatch, *, kpool: int = 1, gates: torch.Tensor | None = None,
-                         ape: torch.Tensor | None = None, tail: torch.Tensor | None = None) -> None:
+                         ape: torch.Tensor | None = None, tail: torch.Tensor | None = None,
+                         steps: torch.Tensor | None = None) -> None:
         """Store the indexer keys [N, D] of the new tokens; with ``kpool > 1`` pooled per
         ``kpool`` positions (gates [N, D], ape [kpool, D]; partial pools wait in ``tail``)."""
 

@@ -169,7 +169,10 @@ class CpuBackend(KernelBackend):
     def kda_gate(self, f, dt_bias, A_log, lower_bound):
         return kda.kda_gate(f, dt_bias, A_log, lower_bound)
 
-    def short_conv(self, x, weight, conv_state, meta):
+    def short_conv(self, x, weight, conv_state, meta, steps=None):
+        if steps is not None:
+            return short_conv.short_conv(x, weight, conv_state, meta.state_slots, meta.cu_q, fresh_sequences(meta),
+                                         steps)
         if self.native:       # every sequence in one native call (prefill and decode)
             out = short_conv_native.short_conv_varlen(x, weight, conv_state, meta.cu_q, meta.state_slots,
                                                       fresh_sequences(meta))
@@ -179,8 +182,10 @@ class CpuBackend(KernelBackend):
             return short_conv.short_conv_decode(x, weight, conv_state, meta.state_slots, fresh_sequences(meta))
         return short_conv.short_conv(x, weight, conv_state, meta.state_slots, meta.cu_q, fresh_sequences(meta))
 
-    def kda(self, q, k, v, g, beta, rec_state, meta):
+    def kda(self, q, k, v, g, beta, rec_state, meta, steps=None):
         slots, fresh = meta.state_slots, fresh_sequences(meta)
+        if steps is not None:
+            return kda.kda_steps(q, k, v, g, beta, rec_state, slots, fresh, meta.rows_per_seq, steps)
         if self.native:       # every sequence token by token in one native call (prefill and decode)
             out = kda_recurrent.kda_varlen(q, k, v, g, beta, rec_state, meta.cu_q, slots, fresh)
             if out is not None:
@@ -211,7 +216,8 @@ class CpuBackend(KernelBackend):
     def write_kv_rows(self, pool, scale, values, meta):
         kv_store.write_rows(pool, scale, meta.slot_mapping, values)
 
-    def write_index_keys(self, index_keys, keys, key_scale, meta, *, kpool=1, gates=None, ape=None, tail=None):
+    def write_index_keys(self, index_keys, keys, key_scale, meta, *, kpool=1, gates=None, ape=None, tail=None,
+                         steps=None):
         if kpool == 1:
             indexer.write_index_keys(index_keys, keys, slot_mapping=meta.slot_mapping, page_size=meta.page_size,
                                      key_scale=key_scale)
@@ -221,7 +227,7 @@ class CpuBackend(KernelBackend):
             index_keys, keys, slot_mapping=meta.slot_mapping, page_size=meta.page_size, kpool=kpool, gates=gates,
             ape=ape, tail=tail, positions=meta.positions, seq_of_token=meta.seq_of_token,
             start_of_seq=meta.ctx_lens_t - q_lens, ctx_of_seq=meta.ctx_lens_t, block_tables=meta.block_tables,
-            state_slots=meta.state_slots, key_scale=key_scale)
+            state_slots=meta.state_slots, key_scale=key_scale, tail_steps=steps)
 
     def select_positions(self, q, w, index_keys, key_scale, meta, *, topk, kpool, always_select_tail):
         if meta.static:        # each row on its own (a verify batch's rows: their sequence's table each)

@@ -120,12 +120,12 @@ class CudaBackend(CpuBackend):
         return (f"{self.name}: fla-core {fla_version()} (chunk_kda prefill, fused_recurrent_kda decode), "
                 f"plain-torch kernels for the other ops on {self.device}")
 
-    def kda(self, q, k, v, g, beta, rec_state, meta):
+    def kda(self, q, k, v, g, beta, rec_state, meta, steps=None):
         slots, fresh = meta.state_slots, fresh_sequences(meta)
         if meta.is_decode:
             return fla_kda_decode(q, k, v, g, beta, rec_state, slots, fresh)
         if meta.static:        # a static verify batch (no host lists): the plain-torch steps
-            return super().kda(q, k, v, g, beta, rec_state, meta)
+            return super().kda(q, k, v, g, beta, rec_state, meta, steps)
         return self._kda_mixed(q, k, v, g, beta, rec_state, slots, fresh, meta)
 
     def _kda_mixed(self, q, k, v, g, beta, rec_state, slots, fresh, meta):
