@@ -155,17 +155,30 @@ def test_default_space_follows_the_serve_flags_that_exist():
     assert old.knobs[1].when == {} and old.knobs[2].choices == (None, "int8")
 
 
-def test_speculative_knob_passes_its_json_to_serve():
+def test_speculative_knob_searches_the_method_and_passes_its_json_to_serve():
     from flashlane.cli.engine_flags import engine_kwargs_of_flags
+    from flashlane.cli.tune import has_mtp_layers
 
-    knob = {k.name: k for k in flashlane_space(cpu_count=4).knobs}["num_speculative_tokens"]
+    knob = {k.name: k for k in flashlane_space(cpu_count=4).knobs}["speculative"]
     assert knob.default is None and knob.cli_args(None) == []
-    kw = engine_kwargs_of_flags(knob.cli_args(3))
-    assert kw["speculative_config"]["num_speculative_tokens"] == 3
+    assert knob.choices == (None, "ngram:1", "ngram:2", "ngram:3", "ngram:4")     # no MTP layers: n-gram only
+    kw = engine_kwargs_of_flags(knob.cli_args("ngram:3"))
+    assert kw["speculative_config"]["method"] == "ngram" and kw["speculative_config"]["num_speculative_tokens"] == 3
+    mtp = {k.name: k for k in flashlane_space(cpu_count=4, mtp=True).knobs}["speculative"]
+    assert {"mtp:1", "mtp:3", "ngram:4"} <= set(mtp.choices)
+    kw = engine_kwargs_of_flags(mtp.cli_args("mtp:2"))
+    assert kw["speculative_config"]["method"] == "mtp" and kw["speculative_config"]["num_speculative_tokens"] == 2
+    assert has_mtp_layers("tiny-flash") and has_mtp_layers("glm-5.3")
+    assert not has_mtp_layers("smollm2-135m") and not has_mtp_layers("no-such-model")
     offered = flashlane_space(cpu_count=4, offered={"--max-num-seqs": None, "--speculative-config": None})
-    assert offered.names == ["max_num_seqs", "num_speculative_tokens"]
+    assert offered.names == ["max_num_seqs", "speculative"]
     with pytest.raises(ValueError, match="flag_value"):
         parse_space({"knobs": {"k": {"type": "int", "low": 1, "high": 4, "default": 1, "flag_value": "--k"}}})
+    with pytest.raises(ValueError, match=r"flag_value: no argument text for value\(s\) \"b\""):
+        parse_space({"knobs": {"k": {"type": "categorical", "choices": [None, "a", "b"], "default": None,
+                                     "flag_value": {"\"a\"": "x"}}}})
+    with pytest.raises(ValueError, match="fits only categorical"):
+        parse_space({"knobs": {"k": {"type": "int", "low": 1, "high": 4, "default": 1, "flag_value": {"1": "x"}}}})
 
 
 def test_slo_parsing_and_improvement_ci():

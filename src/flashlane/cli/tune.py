@@ -176,8 +176,22 @@ def _target(args):
                              "flashlane's)")
         space = load_space(args.search_space)
         return space, TemplateTarget(args.serve_command, space)
-    space = load_space(args.search_space) if args.search_space else flashlane_space(offered=serve_flags())
+    space = (load_space(args.search_space) if args.search_space
+             else flashlane_space(offered=serve_flags(), mtp=has_mtp_layers(args.model)))
     return space, FlashlaneTarget(args.model, space, list(args.serve_arg))
+
+
+def has_mtp_layers(model: str) -> bool:
+    """Whether MODEL's config lists MTP layers (then the built-in space drafts with them too); a
+    model whose config cannot be read here searches n-gram drafts only."""
+    from flashlane.analyze.models import resolve_model
+    from flashlane.config import ConfigError
+
+    try:
+        cfg = resolve_model(model).cfg
+    except (ConfigError, OSError):
+        return False
+    return cfg.arch != "llama" and cfg.num_mtp_layers > 0
 
 
 def _bench(args):

@@ -44,7 +44,8 @@ class Knob:
     choices: tuple = ()
     when: dict = field(default_factory=dict)  # {earlier knob: value or [values]}
     flag: str | None = None
-    flag_value: str | None = None             # the flag's argument as a format with {value} (default: the value)
+    flag_value: str | dict | None = None      # the flag's argument: a format with {value}, or a map value -> text
+                                              # (JSON of the value, as ``render``; default: the value)
     render: str | dict | None = None
     help: str = ""
 
@@ -91,6 +92,8 @@ class Knob:
         """`flashlane serve` arguments: a bool is --flag / --no-flag, None leaves the flag out."""
         if value is None:
             return []
+        if isinstance(self.flag_value, dict):
+            return [self.cli_flag, self.flag_value[json.dumps(value)]]
         if isinstance(value, bool):
             return [self.cli_flag if value else "--no-" + self.cli_flag[2:]]
         text = self.text(value)
@@ -200,7 +203,13 @@ def parse_knob(name: str, spec, earlier: dict[str, Knob]) -> Knob:
     if isinstance(render, dict) and kind not in ("bool", "categorical"):
         raise ValueError(f"{where}.render: a value -> text map fits only bool / categorical knobs")
     flag_value = spec.get("flag_value")
-    if flag_value is not None:
+    if isinstance(flag_value, dict):
+        if kind != "categorical":
+            raise ValueError(f"{where}.flag_value: a value -> argument map fits only categorical knobs")
+        missing = [json.dumps(c) for c in kw["choices"] if c is not None and json.dumps(c) not in flag_value]
+        if missing or not all(isinstance(v, str) for v in flag_value.values()):
+            raise ValueError(f"{where}.flag_value: no argument text for value(s) {', '.join(missing) or '(not text)'}")
+    elif flag_value is not None:
         try:
             if not isinstance(flag_value, str) or flag_value.format(value="1") == flag_value:
                 raise ValueError("it never uses {value}")
@@ -260,10 +269,13 @@ def load_space(path: str | os.PathLike) -> SearchSpace:
     return parse_space(doc, where=f"search space {p.name}")
 
 
-def flashlane_space(cpu_count: int | None = None, offered: dict[str, tuple | None] | None = None) -> SearchSpace:
+def flashlane_space(cpu_count: int | None = None, offered: dict[str, tuple | None] | None = None,
+                    mtp: bool = False) -> SearchSpace:
     """The built-in space for `flashlane serve`, defaults = its own. `offered` maps the serve
     flags that exist to their choices (None: free value); a knob whose flag is not offered is
-    left out, and categorical choices are cut to what the flag accepts."""
+    left out, and categorical choices are cut to what the flag accepts. ``mtp``: the model has
+    MTP layers, so speculative decoding may draft with them too."""
+    drafts = [("ngram", k) for k in (1, 2, 3, 4)] + ([("mtp", k) for k in (1, 2, 3)] if mtp else [])
     cpus = cpu_count or os.cpu_count() or 1
     threads = [None] + sorted({n for n in (1, 2, 4, 8, 16, 32, cpus) if n <= cpus})
     knobs = {
@@ -280,10 +292,12 @@ def flashlane_space(cpu_count: int | None = None, offered: dict[str, tuple | Non
                              "when": {"enable_prefix_caching": True}},
         "quantization": {"type": "categorical", "choices": [None, "int8", "w8a8"], "default": None},
         "num_threads": {"type": "categorical", "choices": threads, "default": None},
-        "num_speculative_tokens": {"type": "categorical", "choices": [None, 1, 2, 3, 4], "default": None,
-                                   "flag": "--speculative-config",
-                                   "flag_value": '{{"method": "ngram", "num_speculative_tokens": {value}}}',
-                                   "help": "n-gram speculative decoding: draft tokens per step (None: off)"},
+        "speculative": {"type": "categorical", "choices": [None] + [f"{m}:{k}" for m, k in drafts], "default": None,
+                        "flag": "--speculative-config",
+                        "flag_value": {json.dumps(f"{m}:{k}"): json.dumps({"method": m, "num_speculative_tokens": k})
+                                       for m, k in drafts},
+                        "help": "speculative decoding as method:draft tokens per step (ngram: prompt lookup; mtp: "
+                                "the model's own MTP layer; None: off)"},
     }
     if offered is not None:
         kept = {}
