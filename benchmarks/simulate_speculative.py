@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -115,9 +116,10 @@ def per_step_error(model, records: list[dict]) -> dict:
 def run_model(model: str, args, cal_dir: Path) -> dict:
     import torch
 
-    from flashlane import LLM, SamplingParams
+    from flashlane import LLM
     from flashlane.analyze.calibration import load_calibration
     from flashlane.analyze.models import resolve_model
+    from flashlane.cli.calibrate import warm_up
 
     cals = {}
     for side, spec in (("off", None), ("mtp", SPEC)):
@@ -131,8 +133,8 @@ def run_model(model: str, args, cal_dir: Path) -> dict:
                 compile=args.mode == "static")
     llms = {"off": LLM(model, **base), "mtp": LLM(model, **base, speculative_config=SPEC)}
     vocab = llms["off"].engine.config.vocab_size
-    for llm in llms.values():       # warm-up
-        llm.generate(prompts(2, 64, vocab, 999), SamplingParams(max_tokens=8, ignore_eos=True))
+    for llm in llms.values():       # the warm-up calibrate runs: a fresh engine's first decode steps run slower
+        warm_up(llm, random.Random(999), vocab, max(args.concurrency))
     rows = []
     for c in args.concurrency:
         sides = {s: {"measured": [], "simulated": [], "records": [], "length": []} for s in llms}

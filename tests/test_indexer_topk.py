@@ -13,6 +13,7 @@ import torch
 from flashlane.kernels import indexer
 from flashlane.kernels.indexer import (_select_group, _top_pools, _top_pools_prefill, select_positions,
                                        select_positions_decode)
+from flashlane.kernels.native import top_pools as native_top_pools
 from flashlane.kernels.paged import pooled_rows
 
 SCALE = 0.25
@@ -75,6 +76,8 @@ def test_top_pools_is_the_head_of_a_stable_descending_sort(n):
     x[0, 1] = float("-inf")
     want = torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :n]
     assert torch.equal(_top_pools(x, n), want)
+    if native_top_pools.unavailable() is None:        # the prefill kernel's radix select
+        assert torch.equal(native_top_pools.top_pools(x, n), want)
 
 
 @pytest.mark.parametrize("n", [1, 4, 5, 40])
@@ -90,6 +93,26 @@ def test_prefill_top_pools_fast_and_exact_rows(n):
     x = torch.cat([distinct, above, ties])[None]
     want = torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :n]
     assert torch.equal(_top_pools_prefill(x, n), want)
+    if native_top_pools.unavailable() is None:
+        assert torch.equal(native_top_pools.top_pools(x, n), want)
+
+
+@pytest.mark.skipif(native_top_pools.unavailable() is not None, reason="native kernels unavailable on this CPU")
+@pytest.mark.parametrize("scale", [1e-30, 1e-3, 1.0, 1e20])
+def test_native_prefill_top_pools_equals_the_stable_sort_on_wide_rows(scale):
+    """Rows wider than the radix histogram resolves (many scores per bucket, runs of equal ones,
+    both signs, masked tails), split over threads: the head of a stable descending sort."""
+    gen = torch.Generator().manual_seed(int(-torch.log10(torch.tensor(scale))) + 40)
+    x = torch.randn(300, 3000, generator=gen) * scale
+    x[:, ::5] = x[:, 1::5]                                       # equal pairs
+    x[::3, 2000:] = float("-inf")                                # masked past the visible pools
+    x[7] = 0.0
+    x[8, :] = -0.0
+    x[8, ::2] = 0.0
+    for n in (1, 64, 999, 3000):
+        want = torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :n]
+        assert torch.equal(native_top_pools.top_pools(x, n), want)
+        assert torch.equal(native_top_pools.top_pools(x.view(3, 100, 3000), n), want.view(3, 100, n))
 
 
 def prefill_case(start, s, kpool, seed):
@@ -183,13 +206,15 @@ def test_select_positions_through_the_paged_pool(monkeypatch, kpool, topk, tail)
     q, w = q[0], w[0]
     positions = torch.cat([torch.arange(s, c) for s, c in zip(starts, ctx_lens)])
     opts = dict(page_size=page, topk=topk, kpool=kpool, always_select_tail=tail, scale=SCALE)
-    got = select_positions(q, w, index_keys, positions=positions, q_lens=q_lens, ctx_lens=ctx_lens,
-                           block_tables=tables, **opts)
-    at = 0
-    for b, n in enumerate(q_lens):
-        sl = slice(at, at + n)
-        assert torch.equal(got[sl], reference(b, q[sl], w[sl], positions[sl])), f"sequence {b}"
-        at += n
+    tops = [None] + ([native_top_pools.top_pools] if native_top_pools.unavailable() is None else [])
+    for top in tops:       # torch's prefill top-k, and the native one the cpu backend passes
+        got = select_positions(q, w, index_keys, positions=positions, q_lens=q_lens, ctx_lens=ctx_lens,
+                               block_tables=tables, top=top, **opts)
+        at = 0
+        for b, n in enumerate(q_lens):
+            sl = slice(at, at + n)
+            assert torch.equal(got[sl], reference(b, q[sl], w[sl], positions[sl])), f"sequence {b}, top {top}"
+            at += n
 
     dec_pos = torch.tensor([3, 40, 0, 63])
     dec = select_positions_decode(q[:n_seqs], w[:n_seqs], index_keys, positions=dec_pos, block_tables=tables,

@@ -140,10 +140,11 @@ def _top_pools_prefill(scores: torch.Tensor, n: int) -> torch.Tensor:
     return picks
 
 
-def _pick_pools(q, w, keys, visible_pools, *, n_sel, kpool, scale, prefill=False):
+def _pick_pools(q, w, keys, visible_pools, *, n_sel, kpool, scale, prefill=False, top=None):
     """Token slots of the ``n_sel`` best selectable pools of ``keys`` [G, M, D] for queries
     q [G, S, H, D] -> [G, S, n_sel * kpool], -1 = empty (also where M < n_sel). A pool is
-    selectable below the query's ``visible_pools``."""
+    selectable below the query's ``visible_pools``. ``top(scores, n)``: a prefill top-k that
+    orders as ``_top_pools`` does (a native kernel; None where it declines)."""
     m = keys.shape[1]
     n = min(n_sel, m)
     scores = _score_pools(q, w, keys, scale)
@@ -151,7 +152,9 @@ def _pick_pools(q, w, keys, visible_pools, *, n_sel, kpool, scale, prefill=False
         lo = min(int(visible_pools.min()), m)
         tail = scores[..., lo:]
         tail.masked_fill_(torch.arange(lo, m, device=q.device) >= visible_pools[..., None], float("-inf"))
-        order = _top_pools_prefill(scores, n)
+        order = top(scores, n) if top is not None else None
+        if order is None:
+            order = _top_pools_prefill(scores, n)
     else:
         masked = torch.arange(m, device=q.device) >= visible_pools[..., None]
         order = _top_pools(scores.masked_fill(masked, float("-inf")), n)
@@ -181,7 +184,7 @@ def _query_blocks(visible_pools: torch.Tensor, per_pool: int, m: int):
         a = lo
 
 
-def _select_group(q, w, keys, visible_pools, query_pos, *, topk, kpool, select_tail, scale):
+def _select_group(q, w, keys, visible_pools, query_pos, *, topk, kpool, select_tail, scale, top=None):
     """Selection for G sequences with S queries each: q [G, S, H, D], w [G, S, H], keys [G, M, D]
     (pool p of sequence g), visible_pools [G, S], query_pos [G, S] -> [G, S, width]."""
     g, s = q.shape[:2]
@@ -195,7 +198,8 @@ def _select_group(q, w, keys, visible_pools, query_pos, *, topk, kpool, select_t
             parts.append(_pick_pools(q, w, keys, visible_pools, **opts))
         else:         # prefill: a query block scores only the pools below its last query
             parts.append(torch.cat([
-                _pick_pools(q[:, a:e], w[:, a:e], keys[:, :mv], visible_pools[:, a:e], prefill=True, **opts)
+                _pick_pools(q[:, a:e], w[:, a:e], keys[:, :mv], visible_pools[:, a:e], prefill=True, top=top,
+                            **opts)
                 for a, e, mv in _query_blocks(visible_pools, g * q.shape[2], m)], dim=1))
     if n_sel * kpool < topk:
         parts.append(torch.full((g, s, topk - n_sel * kpool), -1, dtype=torch.long, device=dev))
@@ -231,12 +235,13 @@ def select_positions(q: torch.Tensor, w: torch.Tensor, index_keys: torch.Tensor,
                      positions: torch.Tensor, q_lens: list[int], ctx_lens: list[int],
                      block_tables: torch.Tensor, page_size: int, topk: int, kpool: int = 1,
                      always_select_tail: bool = False, scale: float | None = None,
-                     key_scale: torch.Tensor | None = None) -> torch.Tensor:
+                     key_scale: torch.Tensor | None = None, top=None) -> torch.Tensor:
     """Positions each query attends: q [N, H, D], w [N, H] (head weights, already scaled),
     keys of every complete pool already in ``index_keys`` -> [N, width] int64, -1 = empty.
 
     A pool is selectable iff its last token is visible (position <= the query's). Decode-only
-    sequences are scored in one batched call; each prefill sequence in its own call.
+    sequences are scored in one batched call; each prefill sequence in its own call, its top-k
+    through ``top`` where given (see ``_pick_pools``).
     """
     if topk % kpool:
         raise ValueError(f"index_topk ({topk}) must be a multiple of index_kpool ({kpool})")
@@ -273,5 +278,5 @@ def select_positions(q: torch.Tensor, w: torch.Tensor, index_keys: torch.Tensor,
         sl = slice(starts[b], starts[b] + ql)
         pos = positions[sl][None]
         out[sl] = _select_group(q[sl][None], w[sl][None], gather_keys([b], ctx_lens[b] // kpool),
-                                (pos + 1) // kpool, pos, **opts)[0]
+                                (pos + 1) // kpool, pos, top=top, **opts)[0]
     return out
