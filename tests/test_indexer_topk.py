@@ -13,6 +13,7 @@ import torch
 from flashlane.kernels import indexer
 from flashlane.kernels.indexer import (_select_group, _top_pools, _top_pools_prefill, select_positions,
                                        select_positions_decode)
+from flashlane.kernels.native import index_scores as native_index_scores
 from flashlane.kernels.native import top_pools as native_top_pools
 from flashlane.kernels.paged import pooled_rows
 
@@ -206,10 +207,12 @@ def test_select_positions_through_the_paged_pool(monkeypatch, kpool, topk, tail)
     q, w = q[0], w[0]
     positions = torch.cat([torch.arange(s, c) for s, c in zip(starts, ctx_lens)])
     opts = dict(page_size=page, topk=topk, kpool=kpool, always_select_tail=tail, scale=SCALE)
-    tops = [None] + ([native_top_pools.top_pools] if native_top_pools.unavailable() is None else [])
-    for top in tops:       # torch's prefill top-k, and the native one the cpu backend passes
+    kernels = [None]
+    if native_top_pools.unavailable() is None:     # the native prefill kernels the cpu backend passes
+        kernels.append(indexer.PrefillKernels(native_index_scores.index_scores, native_top_pools.top_pools))
+    for top in kernels:
         got = select_positions(q, w, index_keys, positions=positions, q_lens=q_lens, ctx_lens=ctx_lens,
-                               block_tables=tables, top=top, **opts)
+                               block_tables=tables, kernels=top, **opts)
         at = 0
         for b, n in enumerate(q_lens):
             sl = slice(at, at + n)
@@ -221,3 +224,17 @@ def test_select_positions_through_the_paged_pool(monkeypatch, kpool, topk, tail)
                                   **opts)
     for b in range(n_seqs):
         assert torch.equal(dec[b], reference(b, q[b:b + 1], w[b:b + 1], dec_pos[b:b + 1])[0]), f"decode {b}"
+
+
+@pytest.mark.skipif(native_index_scores.unavailable() is not None, reason="native kernels unavailable on this CPU")
+@pytest.mark.parametrize("g,s,h,d,m", [(1, 37, 2, 32, 101), (2, 5, 3, 7, 9), (1, 1, 64, 128, 40), (1, 70, 2, 32, 8)])
+def test_native_prefill_scores_equal_torchs_to_float32_rounding(g, s, h, d, m):
+    """The fused scores (no per-head products in memory) against ``_score_pools``; exact where
+    every product and sum is (small integers, a power-of-two scale), as the selection tests use."""
+    gen = torch.Generator().manual_seed(s + m)
+    q, w, keys = torch.randn(g, s, h, d, generator=gen), torch.randn(g, s, h, generator=gen), torch.randn(
+        g, m, d, generator=gen)
+    want = indexer._score_pools(q, w, keys, 0.17)
+    torch.testing.assert_close(native_index_scores.index_scores(q, w, keys, 0.17), want, rtol=1e-5, atol=1e-5)
+    q, w, keys = tie_heavy(g, s, m, heads=h, dim=d, seed=s)
+    assert torch.equal(native_index_scores.index_scores(q, w, keys, SCALE), indexer._score_pools(q, w, keys, SCALE))

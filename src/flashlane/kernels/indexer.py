@@ -14,6 +14,9 @@ tail slots; absolute positions, ``-1`` = empty. Ties break towards the lower poo
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -140,19 +143,31 @@ def _top_pools_prefill(scores: torch.Tensor, n: int) -> torch.Tensor:
     return picks
 
 
-def _pick_pools(q, w, keys, visible_pools, *, n_sel, kpool, scale, prefill=False, top=None):
+@dataclass(frozen=True)
+class PrefillKernels:
+    """A backend's own kernels for a prefill block's selection, each returning None where it
+    declines (then torch's runs): ``scores(q, w, keys, scale)`` as ``_score_pools`` (to float32
+    rounding), ``top(scores, n)`` ordered exactly as ``_top_pools``."""
+    scores: Callable | None = None
+    top: Callable | None = None
+
+
+def _pick_pools(q, w, keys, visible_pools, *, n_sel, kpool, scale, prefill=False, kernels=None):
     """Token slots of the ``n_sel`` best selectable pools of ``keys`` [G, M, D] for queries
     q [G, S, H, D] -> [G, S, n_sel * kpool], -1 = empty (also where M < n_sel). A pool is
-    selectable below the query's ``visible_pools``. ``top(scores, n)``: a prefill top-k that
-    orders as ``_top_pools`` does (a native kernel; None where it declines)."""
+    selectable below the query's ``visible_pools``. ``kernels``: a prefill block's
+    ``PrefillKernels``."""
     m = keys.shape[1]
     n = min(n_sel, m)
-    scores = _score_pools(q, w, keys, scale)
+    native = kernels if prefill and kernels is not None else PrefillKernels()
+    scores = native.scores(q, w, keys, scale) if native.scores is not None else None
+    if scores is None:
+        scores = _score_pools(q, w, keys, scale)
     if prefill:    # only pools at or past the block's smallest visible count can be masked
         lo = min(int(visible_pools.min()), m)
         tail = scores[..., lo:]
         tail.masked_fill_(torch.arange(lo, m, device=q.device) >= visible_pools[..., None], float("-inf"))
-        order = top(scores, n) if top is not None else None
+        order = native.top(scores, n) if native.top is not None else None
         if order is None:
             order = _top_pools_prefill(scores, n)
     else:
@@ -184,7 +199,7 @@ def _query_blocks(visible_pools: torch.Tensor, per_pool: int, m: int):
         a = lo
 
 
-def _select_group(q, w, keys, visible_pools, query_pos, *, topk, kpool, select_tail, scale, top=None):
+def _select_group(q, w, keys, visible_pools, query_pos, *, topk, kpool, select_tail, scale, kernels=None):
     """Selection for G sequences with S queries each: q [G, S, H, D], w [G, S, H], keys [G, M, D]
     (pool p of sequence g), visible_pools [G, S], query_pos [G, S] -> [G, S, width]."""
     g, s = q.shape[:2]
@@ -198,7 +213,7 @@ def _select_group(q, w, keys, visible_pools, query_pos, *, topk, kpool, select_t
             parts.append(_pick_pools(q, w, keys, visible_pools, **opts))
         else:         # prefill: a query block scores only the pools below its last query
             parts.append(torch.cat([
-                _pick_pools(q[:, a:e], w[:, a:e], keys[:, :mv], visible_pools[:, a:e], prefill=True, top=top,
+                _pick_pools(q[:, a:e], w[:, a:e], keys[:, :mv], visible_pools[:, a:e], prefill=True, kernels=kernels,
                             **opts)
                 for a, e, mv in _query_blocks(visible_pools, g * q.shape[2], m)], dim=1))
     if n_sel * kpool < topk:
@@ -235,13 +250,13 @@ def select_positions(q: torch.Tensor, w: torch.Tensor, index_keys: torch.Tensor,
                      positions: torch.Tensor, q_lens: list[int], ctx_lens: list[int],
                      block_tables: torch.Tensor, page_size: int, topk: int, kpool: int = 1,
                      always_select_tail: bool = False, scale: float | None = None,
-                     key_scale: torch.Tensor | None = None, top=None) -> torch.Tensor:
+                     key_scale: torch.Tensor | None = None, kernels: PrefillKernels | None = None) -> torch.Tensor:
     """Positions each query attends: q [N, H, D], w [N, H] (head weights, already scaled),
     keys of every complete pool already in ``index_keys`` -> [N, width] int64, -1 = empty.
 
     A pool is selectable iff its last token is visible (position <= the query's). Decode-only
-    sequences are scored in one batched call; each prefill sequence in its own call, its top-k
-    through ``top`` where given (see ``_pick_pools``).
+    sequences are scored in one batched call; each prefill sequence in its own call, through
+    ``kernels`` where given (see ``PrefillKernels``).
     """
     if topk % kpool:
         raise ValueError(f"index_topk ({topk}) must be a multiple of index_kpool ({kpool})")
@@ -278,5 +293,5 @@ def select_positions(q: torch.Tensor, w: torch.Tensor, index_keys: torch.Tensor,
         sl = slice(starts[b], starts[b] + ql)
         pos = positions[sl][None]
         out[sl] = _select_group(q[sl][None], w[sl][None], gather_keys([b], ctx_lens[b] // kpool),
-                                (pos + 1) // kpool, pos, top=top, **opts)[0]
+                                (pos + 1) // kpool, pos, kernels=kernels, **opts)[0]
     return out

@@ -1,7 +1,6 @@
 """The indexer's prefill top-k through ``top_pools.cpp``: per row, the indices of the ``n``
 highest scores, highest first, equal scores lower index first (what ``indexer._top_pools``
-computes with torch's topk and two sorts). Rows are split over torch's intra-op thread count
-(the calls release the GIL). Returns None where the inputs are not its case (another device or
+computes with torch's topk and two sorts), rows split over torch's threads (``run_split``). Returns None where the inputs are not its case (another device or
 dtype, inside a compiled graph, autograd recording, or the kernel unavailable) and the caller
 keeps torch's path. Scores must hold no NaN (they are ReLU'd sums, or -inf where masked)."""
 
@@ -9,15 +8,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from . import row_gemm
 from .build import load, why_unavailable
+from .row_split import run_split
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-_MIN_ROWS_PER_THREAD = 64
 
 
 @functools.lru_cache(maxsize=1)
@@ -33,11 +31,6 @@ def unavailable() -> str | None:
     return why_unavailable(row_gemm.cpu_unavailable(), _function)
 
 
-@functools.lru_cache(maxsize=8)
-def _pool(threads: int) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(threads, thread_name_prefix="flashlane-top-pools")
-
-
 def top_pools(scores: torch.Tensor, n: int) -> torch.Tensor | None:
     """scores [..., M] float32 (n <= M) -> int64 [..., n], or None."""
     if (scores.dtype != torch.float32 or scores.device.type != "cpu" or torch.compiler.is_compiling()
@@ -48,13 +41,5 @@ def top_pools(scores: torch.Tensor, n: int) -> torch.Tensor | None:
     rows = flat.shape[0]
     out = torch.empty(rows, n, dtype=torch.int64)
     fn = _function()
-    threads = max(1, min(torch.get_num_threads(), rows // _MIN_ROWS_PER_THREAD))
-    if threads == 1:
-        fn(flat.data_ptr(), rows, m, m, n, out.data_ptr())
-    else:
-        step = -(-rows // threads)
-        parts = [(a, min(a + step, rows)) for a in range(0, rows, step)]
-        row_bytes, out_bytes = m * flat.element_size(), n * out.element_size()
-        list(_pool(threads).map(lambda p: fn(flat.data_ptr() + p[0] * row_bytes, p[1] - p[0], m, m, n,
-                                             out.data_ptr() + p[0] * out_bytes), parts))
+    run_split(lambda a, count: fn(flat[a:].data_ptr(), count, m, m, n, out[a:].data_ptr()), rows, min_rows=64)
     return out.view(*scores.shape[:-1], n)

@@ -8,8 +8,8 @@ import torch
 
 from ... import gguf_blocks, indexer, kda, kv_store, linear_plan, mhc, moe, norm, quant_matmul, rope, short_conv, sparse_mla
 from ...compiled import compiled as compiled_fn
-from ...native import (block_gemm, decode_layer, kda_recurrent, mhc_weights, norm_rope, paged_attention, row_gemm,
-                        top_pools)
+from ...native import (block_gemm, decode_layer, index_scores, kda_recurrent, mhc_weights, norm_rope, paged_attention,
+                        row_gemm, top_pools)
 from ...native import short_conv as short_conv_native
 from ...sparse_mla_expanded import prefer_expanded, sparse_mla_expanded
 from ..base import KernelBackend, VarlenBatch
@@ -97,18 +97,19 @@ class CpuBackend(KernelBackend):
         # flashlane's native kernels (kernels/native) for eager work where they build on this
         # CPU: dense decode attention read from the paged pool in place, RMSNorm and rotate-half
         # RoPE, GGUF block linears and whole llama decode layers (float32); the KDA recurrence,
-        # the short conv and mHC (float32 and bfloat16); the indexer's prefill top-k. None:
-        # decided here, once.
+        # the short conv and mHC (float32 and bfloat16); the indexer's prefill scores and top-k.
+        # None: decided here, once.
         self._native_why_not = (paged_attention.unavailable() or norm_rope.unavailable()
                                 or decode_layer.unavailable() or block_gemm.unavailable() or mhc_weights.unavailable()
                                 or kda_recurrent.unavailable() or short_conv_native.unavailable()
-                                or top_pools.unavailable()
+                                or top_pools.unavailable() or index_scores.unavailable()
                                 if self.device.type == "cpu" else f"device {self.device}")
         if native is None:
             native = self._native_why_not is None
         elif native and self._native_why_not:
             raise ValueError(f"native kernels cannot run here: {self._native_why_not}")
         self.native = native
+        self._index_kernels = indexer.PrefillKernels(index_scores.index_scores, top_pools.top_pools)
         self._layer_tables: dict[tuple, decode_layer.LayerWeights | None] = {}
 
     def describe(self) -> str:
@@ -243,7 +244,7 @@ class CpuBackend(KernelBackend):
             q, w, index_keys, positions=meta.positions, q_lens=meta.q_lens, ctx_lens=meta.ctx_lens,
             block_tables=meta.block_tables, page_size=meta.page_size, topk=topk, kpool=kpool,
             always_select_tail=always_select_tail, key_scale=key_scale,
-            top=top_pools.top_pools if self.native else None)
+            kernels=self._index_kernels if self.native else None)
 
     def sparse_mla(self, q_nope, q_rope, latent, latent_scale, selection, meta, *, scale, w_kv):
         spans = self._expanded_spans(q_nope, q_rope, selection, meta, w_kv)
