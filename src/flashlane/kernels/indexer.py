@@ -170,9 +170,11 @@ def _pick_pools(q, w, keys, visible_pools, *, n_sel, kpool, scale, prefill=False
         order = native.top(scores, n) if native.top is not None else None
         if order is None:
             order = _top_pools_prefill(scores, n)
-    else:
-        masked = torch.arange(m, device=q.device) >= visible_pools[..., None]
-        order = _top_pools(scores.masked_fill(masked, float("-inf")), n)
+    else:          # decode rows: torch's scores (as the compiled step's), the exact top-k either way
+        scores = scores.masked_fill(torch.arange(m, device=q.device) >= visible_pools[..., None], float("-inf"))
+        order = kernels.top(scores, n) if kernels is not None and kernels.top is not None else None
+        if order is None:
+            order = _top_pools(scores, n)
     tok = order[..., None] * kpool + torch.arange(kpool, device=q.device)
     tok = tok.masked_fill((order >= visible_pools[..., None])[..., None], -1).flatten(-2)
     if n < n_sel:
@@ -210,7 +212,7 @@ def _select_group(q, w, keys, visible_pools, query_pos, *, topk, kpool, select_t
     if n_sel > 0:
         opts = dict(n_sel=n_sel, kpool=kpool, scale=scale)
         if s == 1:    # decode: every pool scored, shapes set by M alone (a compiled step needs that)
-            parts.append(_pick_pools(q, w, keys, visible_pools, **opts))
+            parts.append(_pick_pools(q, w, keys, visible_pools, kernels=kernels, **opts))
         else:         # prefill: a query block scores only the pools below its last query
             parts.append(torch.cat([
                 _pick_pools(q[:, a:e], w[:, a:e], keys[:, :mv], visible_pools[:, a:e], prefill=True, kernels=kernels,
@@ -286,7 +288,7 @@ def select_positions(q: torch.Tensor, w: torch.Tensor, index_keys: torch.Tensor,
             tok = torch.tensor([starts[b] for b in group], dtype=torch.long, device=dev)
             pos = positions[tok][:, None]
             out[tok] = _select_group(q[tok][:, None], w[tok][:, None], gather_keys(group, m),
-                                     (pos + 1) // kpool, pos, **opts)[:, 0]
+                                     (pos + 1) // kpool, pos, kernels=kernels, **opts)[:, 0]
     for b, ql in enumerate(q_lens):
         if ql <= 1:
             continue
