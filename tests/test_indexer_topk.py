@@ -209,7 +209,7 @@ def test_select_positions_through_the_paged_pool(monkeypatch, kpool, topk, tail)
     opts = dict(page_size=page, topk=topk, kpool=kpool, always_select_tail=tail, scale=SCALE)
     kernels = [None]
     if native_top_pools.unavailable() is None:     # the native prefill kernels the cpu backend passes
-        kernels.append(indexer.PrefillKernels(native_index_scores.index_scores, native_top_pools.top_pools))
+        kernels.append(indexer.SelectionKernels(native_index_scores.index_scores, native_top_pools.top_pools))
     for top in kernels:
         got = select_positions(q, w, index_keys, positions=positions, q_lens=q_lens, ctx_lens=ctx_lens,
                                block_tables=tables, kernels=top, **opts)

@@ -144,10 +144,11 @@ def _top_pools_prefill(scores: torch.Tensor, n: int) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class PrefillKernels:
-    """A backend's own kernels for a prefill block's selection, each returning None where it
-    declines (then torch's runs): ``scores(q, w, keys, scale)`` as ``_score_pools`` (to float32
-    rounding), ``top(scores, n)`` ordered exactly as ``_top_pools``."""
+class SelectionKernels:
+    """A backend's own kernels for the selection, each returning None where it declines (then
+    torch's runs): ``scores(q, w, keys, scale)`` as ``_score_pools`` (to float32 rounding; prefill
+    blocks only, so decode rows score as a compiled step does), ``top(scores, n)`` ordered exactly
+    as ``_top_pools`` (prefill blocks and eager decode rows)."""
     scores: Callable | None = None
     top: Callable | None = None
 
@@ -155,11 +156,11 @@ class PrefillKernels:
 def _pick_pools(q, w, keys, visible_pools, *, n_sel, kpool, scale, prefill=False, kernels=None):
     """Token slots of the ``n_sel`` best selectable pools of ``keys`` [G, M, D] for queries
     q [G, S, H, D] -> [G, S, n_sel * kpool], -1 = empty (also where M < n_sel). A pool is
-    selectable below the query's ``visible_pools``. ``kernels``: a prefill block's
-    ``PrefillKernels``."""
+    selectable below the query's ``visible_pools``. ``kernels``: the backend's
+    ``SelectionKernels``."""
     m = keys.shape[1]
     n = min(n_sel, m)
-    native = kernels if prefill and kernels is not None else PrefillKernels()
+    native = kernels if prefill and kernels is not None else SelectionKernels()
     scores = native.scores(q, w, keys, scale) if native.scores is not None else None
     if scores is None:
         scores = _score_pools(q, w, keys, scale)
@@ -252,13 +253,13 @@ def select_positions(q: torch.Tensor, w: torch.Tensor, index_keys: torch.Tensor,
                      positions: torch.Tensor, q_lens: list[int], ctx_lens: list[int],
                      block_tables: torch.Tensor, page_size: int, topk: int, kpool: int = 1,
                      always_select_tail: bool = False, scale: float | None = None,
-                     key_scale: torch.Tensor | None = None, kernels: PrefillKernels | None = None) -> torch.Tensor:
+                     key_scale: torch.Tensor | None = None, kernels: SelectionKernels | None = None) -> torch.Tensor:
     """Positions each query attends: q [N, H, D], w [N, H] (head weights, already scaled),
     keys of every complete pool already in ``index_keys`` -> [N, width] int64, -1 = empty.
 
     A pool is selectable iff its last token is visible (position <= the query's). Decode-only
-    sequences are scored in one batched call; each prefill sequence in its own call, through
-    ``kernels`` where given (see ``PrefillKernels``).
+    sequences are scored in one batched call; each prefill sequence in its own call; both
+    through ``kernels`` where given (see ``SelectionKernels``).
     """
     if topk % kpool:
         raise ValueError(f"index_topk ({topk}) must be a multiple of index_kpool ({kpool})")

@@ -109,7 +109,7 @@ class CpuBackend(KernelBackend):
         elif native and self._native_why_not:
             raise ValueError(f"native kernels cannot run here: {self._native_why_not}")
         self.native = native
-        self._index_kernels = indexer.PrefillKernels(index_scores.index_scores, top_pools.top_pools)
+        self._index_kernels = indexer.SelectionKernels(index_scores.index_scores, top_pools.top_pools)
         self._layer_tables: dict[tuple, decode_layer.LayerWeights | None] = {}
 
     def describe(self) -> str:
