@@ -149,11 +149,11 @@ class ModelRunner:
             hidden = self.compiled.run(self.compiled.batch_rows(tokens, starts, tables, slots))
         results = self._timed_sample(seqs, starts, cu, hidden)
         if q > 1:
-            short = [b for b, (s, r) in enumerate(zip(seqs, results)) if self._kept_tokens(s, r) < q]
+            kept = [self._kept_tokens(s, r) for s, r in zip(seqs, results)]
+            short = [b for b, n in enumerate(kept) if n < q]
             if short:
                 with profiling_range("draft_rollback"):
-                    self.compiled.step_states.restore(short, [self._kept_tokens(seqs[b], results[b]) for b in short],
-                                                      [slots[b] for b in short])
+                    self.compiled.step_states.restore(short, [kept[b] for b in short], [slots[b] for b in short])
         if self.mtp is not None:
             self.mtp.run(seqs, starts, tables, slots, cu, hidden, results)
         return results

@@ -160,22 +160,20 @@ def _pick_pools(q, w, keys, visible_pools, *, n_sel, kpool, scale, prefill=False
     ``SelectionKernels``."""
     m = keys.shape[1]
     n = min(n_sel, m)
-    native = kernels if prefill and kernels is not None else SelectionKernels()
-    scores = native.scores(q, w, keys, scale) if native.scores is not None else None
+    own = kernels or SelectionKernels()
+    # decode rows keep torch's scores (as a compiled step's); the top-k is exact either way
+    scores = own.scores(q, w, keys, scale) if prefill and own.scores is not None else None
     if scores is None:
         scores = _score_pools(q, w, keys, scale)
     if prefill:    # only pools at or past the block's smallest visible count can be masked
         lo = min(int(visible_pools.min()), m)
         tail = scores[..., lo:]
         tail.masked_fill_(torch.arange(lo, m, device=q.device) >= visible_pools[..., None], float("-inf"))
-        order = native.top(scores, n) if native.top is not None else None
-        if order is None:
-            order = _top_pools_prefill(scores, n)
-    else:          # decode rows: torch's scores (as the compiled step's), the exact top-k either way
+    else:
         scores = scores.masked_fill(torch.arange(m, device=q.device) >= visible_pools[..., None], float("-inf"))
-        order = kernels.top(scores, n) if kernels is not None and kernels.top is not None else None
-        if order is None:
-            order = _top_pools(scores, n)
+    order = own.top(scores, n) if own.top is not None else None
+    if order is None:
+        order = _top_pools_prefill(scores, n) if prefill else _top_pools(scores, n)
     tok = order[..., None] * kpool + torch.arange(kpool, device=q.device)
     tok = tok.masked_fill((order >= visible_pools[..., None])[..., None], -1).flatten(-2)
     if n < n_sel:

@@ -1,11 +1,11 @@
-// The indexer's top-k for prefill queries (kernels/indexer.py, ``_top_pools``): per row of scores,
-// the indices of the n highest, highest first, equal scores lower index first: the first n of a
-// stable descending sort. A radix select: each score as an order-preserving 32-bit key, a
+// The indexer's top-k for prefill blocks and eager decode rows (kernels/indexer.py, ``_top_pools``):
+// per row of scores, the indices of the n highest, highest first, equal scores lower index first:
+// the first n of a stable descending sort. A radix select: each score as an order-preserving 32-bit key, a
 // histogram of the keys' top bits finds the bucket holding the n-th highest, one more pass takes
 // every score of the buckets above it and the bucket's own candidates, of which an exact
 // selection keeps what is missing; the n picks are then sorted. Two passes without data-dependent
-// branches in the common case, where torch's topk, a sort of the picks and a stable sort by score
-// cost about four times as much here.
+// branches in the common case; torch's topk, a sort of the picks and a stable sort by score took
+// about 2.5 times as long on a 2048 x 2048 block.
 #include <stdint.h>
 #include <string.h>
 

@@ -1,4 +1,4 @@
-"""The indexer's prefill top-k through ``top_pools.cpp``: per row, the indices of the ``n``
+"""The indexer's top-k (prefill blocks, eager decode rows) through ``top_pools.cpp``: per row, the indices of the ``n``
 highest scores, highest first, equal scores lower index first (what ``indexer._top_pools``
 computes with torch's topk and two sorts), rows split over torch's threads (``run_split``). Returns None where the inputs are not its case (another device or
 dtype, inside a compiled graph, autograd recording, or the kernel unavailable) and the caller
