@@ -116,6 +116,35 @@ def test_native_prefill_top_pools_equals_the_stable_sort_on_wide_rows(scale):
         assert torch.equal(native_top_pools.top_pools(x.view(3, 100, 3000), n), want.view(3, 100, n))
 
 
+@pytest.mark.skipif(native_top_pools.unavailable() is not None, reason="native kernels unavailable on this CPU")
+@pytest.mark.parametrize("m", [4096, 12289])
+def test_native_top_pools_sampled_threshold_rows_equal_the_stable_sort(m):
+    """Rows wide enough for the sampled threshold (a strided sample picks a value about 4n scores
+    reach; one pass collects them), on every case that threshold can meet: a run of equal
+    scores at the cut as wide as a quarter of the row (a query whose ReLU'd heads vanish scores
+    0 on many pools), all scores tied, a row whose top is a few far outliers the sample misses
+    (fewer than n reach the threshold: the radix select), masked tails of -inf, only a few
+    finite scores, -0.0 tying with 0.0, and exact ties in pairs."""
+    gen = torch.Generator().manual_seed(m)
+    x = torch.randn(64, m, generator=gen)
+    x[:, : m - 1 : 5] = x[:, 1::5]                                # equal pairs
+    x[0] = torch.where(x[0] > 0, 0.0, x[0])                       # zeros are the top: half the row ties at the cut
+    x[1] = torch.where(torch.rand(m, generator=gen) < 0.25, 0.0, -x[1].abs())   # a quarter zeros, the rest below
+    x[1, ::2] = torch.where(x[1, ::2] == 0, -0.0, x[1, ::2])
+    x[2] = 3.0                                                    # all tied
+    x[3] = -torch.arange(m, dtype=torch.float32)                  # distinct, descending
+    x[4, : m // 2] = float("-inf")                                # masked half
+    x[5, 10:] = float("-inf")                                     # fewer finite than n
+    x[6] = -1.0
+    x[6, 1 + torch.randperm(m - 1, generator=gen)[:40]] = 5.0     # 40 outliers: between n = 32 and 64
+    x[7, 3::1000] = 1e30                                          # outliers the strided sample misses
+    x[8:16] *= 1e-30
+    x[16:24, -(m // 3):] = float("-inf")
+    for n in (1, 32, 64, 100):
+        want = torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :n]
+        assert torch.equal(native_top_pools.top_pools(x, n), want), n
+
+
 def prefill_case(start, s, kpool, seed):
     ctx = start + s
     m = ctx // kpool
@@ -238,3 +267,28 @@ def test_native_prefill_scores_equal_torchs_to_float32_rounding(g, s, h, d, m):
     torch.testing.assert_close(native_index_scores.index_scores(q, w, keys, 0.17), want, rtol=1e-5, atol=1e-5)
     q, w, keys = tie_heavy(g, s, m, heads=h, dim=d, seed=s)
     assert torch.equal(native_index_scores.index_scores(q, w, keys, SCALE), indexer._score_pools(q, w, keys, SCALE))
+
+
+@pytest.mark.skipif(native_index_scores.unavailable("avx512") is not None,
+                    reason="the AVX-512 build needs a CPU with avx512f")
+@pytest.mark.parametrize("s,h,d,m", [(37, 2, 32, 101), (6, 3, 7, 33), (9, 2, 32, 5000)])
+def test_native_scores_builds_round_alike(s, h, d, m):
+    """The AVX-512 build (16 lanes, blocks of 32 pools) and the AVX2 build (8 lanes, blocks of
+    16) sum in the same order lane for lane: bit-identical scores, on block-ragged widths."""
+    gen = torch.Generator().manual_seed(m)
+    q, w, keys = torch.randn(1, s, h, d, generator=gen), torch.randn(1, s, h, generator=gen), torch.randn(
+        1, m, d, generator=gen)
+    wide = native_index_scores.index_scores(q, w, keys, 0.17, variant="avx512")
+    assert native_index_scores._library("avx512").index_scores_block() == 32
+    assert native_index_scores._library("avx2").index_scores_block() == 16
+    assert torch.equal(wide, native_index_scores.index_scores(q, w, keys, 0.17, variant="avx2"))
+    assert native_index_scores.best_variant() == "avx512"
+
+
+def test_native_scores_variant_follows_the_cpu_flags():
+    from flashlane.kernels.cpu_caps import CpuCaps
+
+    avx2_only = CpuCaps("AVX2", frozenset({"avx2", "fma", "f16c"}))
+    assert native_index_scores.cpu_unavailable("avx512", avx2_only) == "the CPU lacks avx512f"
+    assert native_index_scores.cpu_unavailable("avx2", avx2_only) is None
+    assert native_index_scores.cpu_unavailable("avx512", CpuCaps("AVX512", avx2_only.flags | {"avx512f"})) is None

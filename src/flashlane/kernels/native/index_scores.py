@@ -4,7 +4,10 @@
 memory; rows split over torch's threads (``run_split``). Returns None where the inputs are not
 its case (another device, inside a compiled graph, autograd recording, or the kernel
 unavailable) and the caller keeps torch's ``_score_pools``. Its sums run in a fixed order, not
-torch's GEMM's: scores agree to float32 rounding, not bit for bit."""
+torch's GEMM's: scores agree to float32 rounding, not bit for bit.
+
+Two builds of one source, chosen once by what the CPU has: ``avx512`` (16-lane vectors) where
+/proc/cpuinfo lists avx512f and it builds, else ``avx2``. They round alike, lane for lane."""
 
 from __future__ import annotations
 
@@ -13,40 +16,63 @@ import functools
 
 import torch
 
+from ..cpu_caps import CpuCaps, detect_cpu_caps
 from . import row_gemm
 from .build import load, why_unavailable
 from .row_split import run_split
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
+VARIANT_FLAGS = {"avx2": row_gemm.ARCH_FLAGS, "avx512": (*row_gemm.ARCH_FLAGS, "-mavx512f")}
+
+
+@functools.lru_cache(maxsize=None)
+def _library(variant: str):
+    lib = load("index_scores", VARIANT_FLAGS[variant])
+    lib.index_scores_f32.argtypes = [_P, _P, _P, _I, _I, _I, _I, ctypes.c_float, _P]
+    lib.index_scores_f32.restype = None
+    lib.index_scores_block.argtypes, lib.index_scores_block.restype = [], _I
+    return lib
+
+
+def cpu_unavailable(variant: str, caps: CpuCaps | None = None) -> str | None:
+    """Why a CPU with ``caps`` (default: this one) cannot run ``variant``; None: it can."""
+    caps = detect_cpu_caps() if caps is None else caps
+    if variant == "avx512" and "avx512f" not in caps.flags:
+        return "the CPU lacks avx512f"
+    return row_gemm.cpu_unavailable(caps)
+
+
+@functools.lru_cache(maxsize=None)
+def unavailable(variant: str | None = None) -> str | None:
+    """Why ``variant`` (default: the one this CPU gets) cannot run here (None: it can)."""
+    variant = variant or best_variant()
+    return why_unavailable(cpu_unavailable(variant), lambda: _library(variant))
 
 
 @functools.lru_cache(maxsize=1)
-def _function():
-    fn = load("index_scores", row_gemm.ARCH_FLAGS).index_scores_f32
-    fn.argtypes, fn.restype = [_P, _P, _P, _I, _I, _I, _I, ctypes.c_float, _P], None
-    return fn
+def best_variant() -> str:
+    """``avx512`` where it runs here, else ``avx2``."""
+    return "avx512" if unavailable("avx512") is None else "avx2"
 
 
-@functools.lru_cache(maxsize=1)
-def unavailable() -> str | None:
-    """Why the kernel cannot run here (None: it can)."""
-    return why_unavailable(row_gemm.cpu_unavailable(), _function)
-
-
-def index_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, scale: float) -> torch.Tensor | None:
+def index_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, scale: float,
+                 variant: str | None = None) -> torch.Tensor | None:
+    variant = variant or best_variant()
     if (q.device.type != "cpu" or torch.compiler.is_compiling() or row_gemm.tracks_grad(q, w, keys)
-            or unavailable()):
+            or unavailable(variant)):
         return None
     g, s, h, d = q.shape
     m = keys.shape[1]
     qf = q.float().contiguous()
     wf = w.float().contiguous()
-    blocks = -(-m // 8)
-    kb = torch.zeros(g, blocks * 8, d, dtype=torch.float32)
+    lib = _library(variant)
+    width = lib.index_scores_block()
+    blocks = -(-m // width)
+    kb = torch.zeros(g, blocks * width, d, dtype=torch.float32)
     kb[:, :m] = keys
-    kb = kb.view(g, blocks, 8, d).transpose(2, 3).contiguous()     # [G, blocks, D, 8]
+    kb = kb.view(g, blocks, width, d).transpose(2, 3).contiguous()     # [G, blocks, D, width]
     out = torch.empty(g, s, m, dtype=torch.float32)
-    fn = _function()
+    fn = lib.index_scores_f32
     for b in range(g):
         qb, wb, ob = qf[b], wf[b], out[b]
         run_split(lambda a, count: fn(qb[a:].data_ptr(), wb[a:].data_ptr(), kb[b].data_ptr(), count, h, d, m,

@@ -34,7 +34,7 @@ def unavailable() -> str | None:
 def top_pools(scores: torch.Tensor, n: int) -> torch.Tensor | None:
     """scores [..., M] float32 (n <= M) -> int64 [..., n], or None."""
     if (scores.dtype != torch.float32 or scores.device.type != "cpu" or torch.compiler.is_compiling()
-            or row_gemm.tracks_grad(scores) or not 0 < n <= scores.shape[-1] or unavailable()):
+            or row_gemm.tracks_grad(scores) or not 0 < n <= scores.shape[-1] < 2**31 or unavailable()):
         return None
     m = scores.shape[-1]
     flat = scores.reshape(-1, m).contiguous()
