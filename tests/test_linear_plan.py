@@ -21,6 +21,8 @@ ONEDNN = unavailable("onednn", torch.float32) is None
 needs_onednn = pytest.mark.skipif(not ONEDNN, reason="this torch build has no oneDNN")
 NATIVE_WHY_NOT = unavailable("native", torch.float32)
 needs_native = pytest.mark.skipif(NATIVE_WHY_NOT is not None, reason=f"native kernel: {NATIVE_WHY_NOT}")
+BF16_WHY_NOT = unavailable("native", torch.bfloat16)
+needs_native_bf16 = pytest.mark.skipif(BF16_WHY_NOT is not None, reason=f"native bf16 kernel: {BF16_WHY_NOT}")
 PACKED_FORMATS = [pytest.param("onednn", marks=needs_onednn), pytest.param("native", marks=needs_native)]
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 
@@ -28,12 +30,12 @@ GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 def _timer(decode: float, batch: float, prefill: float, native: tuple[float, float] = (1.0, 1.0),
            chunk: float = 1.0):
     """A fake timer: aten takes 1 s everywhere, onednn the given seconds per row class (``chunk``:
-    at a prefill chunk's 1024 rows), native ``native`` at 1 and 8 rows."""
+    at a prefill chunk's 1024 rows), native ``native`` at 1 and 8 rows (bfloat16: 1 and 2)."""
     def timer(fmt, rows, shape, dtype):
         if fmt == "aten":
             return 1.0
         if fmt == "native":
-            return dict(zip((1, 8), native))[rows]
+            return dict(zip((1, 2 if dtype == torch.bfloat16 else 8), native))[rows]
         return {1: decode, 16: batch, 128: prefill, 1024: chunk}[rows]
     return timer
 
@@ -77,13 +79,72 @@ def test_auto_takes_native_only_where_it_is_no_slower_at_decode_and_faster_in_sm
 
 
 def test_native_is_refused_by_name_where_it_cannot_run(monkeypatch):
+    from flashlane.kernels.native import row_gemm
+
     monkeypatch.delenv("FLASHLANE_LINEAR_KERNEL", raising=False)
-    with pytest.raises(ValueError, match="'native' cannot run here: .*float32 weights, not torch.bfloat16"):
-        choose_linear_plan("native", torch.bfloat16)
+    with pytest.raises(ValueError, match="'native' cannot run here: .*float32 or bfloat16 weights, not torch.float16"):
+        choose_linear_plan("native", torch.float16)
     with pytest.raises(ValueError, match="linear_kernel 'native' cannot run here: .*CPU kernel"):
         choose_linear_plan("native", torch.float32, "meta")
+    monkeypatch.setattr(row_gemm, "bf16_unavailable", lambda: "the CPU lacks avx512_bf16")
+    with pytest.raises(ValueError, match="'native' cannot run here: the CPU lacks avx512_bf16"):
+        choose_linear_plan("native", torch.bfloat16)
     plan = choose_linear_plan("auto", torch.bfloat16, timer=_timer(1.2, 1.0, 1.0, native=(0.1, 0.1)))
-    assert plan.format != "native" and "native: the native kernel multiplies float32" in plan.why
+    assert plan.format != "native" and "native: the CPU lacks avx512_bf16" in plan.why
+
+
+def test_bf16_native_needs_avx512_bf16_by_name():
+    from flashlane.kernels.cpu_caps import CpuCaps
+    from flashlane.kernels.native import row_gemm
+
+    avx512 = CpuCaps("AVX512", frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw"}))
+    assert row_gemm.bf16_cpu_unavailable(avx512) == "the CPU lacks avx512_bf16"
+    assert row_gemm.bf16_cpu_unavailable(CpuCaps("AVX512", avx512.flags | {"avx512_bf16"})) is None
+
+
+@pytest.mark.parametrize("native, want", [
+    ((0.5, 0.8), "native"),       # 10% faster at 1 row, no slower at 2
+    ((0.95, 0.5), "aten"),        # not 10% faster at 1 row: bf16's native is meant for decode
+    ((0.5, 1.1), "aten"),         # slower at 2 rows, the most it takes
+])
+def test_auto_takes_bf16_native_where_it_is_faster_at_one_row_and_no_slower_at_two(native, want, monkeypatch):
+    from flashlane.kernels.native import row_gemm
+
+    monkeypatch.delenv("FLASHLANE_LINEAR_KERNEL", raising=False)
+    monkeypatch.setattr(row_gemm, "bf16_unavailable", lambda: None)
+    plan = choose_linear_plan("auto", torch.bfloat16, timer=_timer(1.2, 1.0, 1.0, native=native))
+    assert plan.format == want
+    assert "native/aten decode" in plan.why and "2 rows" in plan.why
+
+
+@needs_native_bf16
+@pytest.mark.parametrize("n, k, rows", [(64, 48, 1), (577, 100, 2), (3, 33, 2), (40, 1000, 1)])
+def test_bf16_native_kernel_rounds_float32_sums_and_is_batch_invariant(n, k, rows):
+    """bf16 x and weights, float32 sums rounded once to bf16: within one bf16 rounding of the
+    float32 product (plus float32 summation noise); a row alone equals the same row in the call;
+    more rows than it takes go to torch."""
+    from flashlane.kernels.native import row_gemm
+
+    gen = torch.Generator().manual_seed(n + k)
+    w, x = torch.randn(n, k, generator=gen).bfloat16(), torch.randn(rows, k, generator=gen).bfloat16()
+    bias = torch.randn(n, generator=gen).bfloat16()
+    out = linear("native", x, w, bias)
+    want = x.float() @ w.float().T + bias.float()
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), want, rtol=2 ** -8, atol=1e-3 * k ** 0.5)
+    assert torch.equal(torch.cat([linear("native", x[i:i + 1], w, bias) for i in range(rows)]), out)
+    more = torch.randn(row_gemm.BF16_MAX_ROWS + 1, k, generator=gen).bfloat16()
+    assert torch.equal(linear("native", more, w, bias), torch.nn.functional.linear(more, w, bias))
+
+
+@needs_native_bf16
+def test_bf16_native_engine_greedy_is_the_same_batched_and_alone():
+    m = copy.deepcopy(tiny_llama())        # the engine casts a given model in place
+    prompts = random_prompts(4, 5, 70, min(m.config.vocab_size, 4000), seed=3)
+    llm = LLM(m, dtype="bfloat16", linear_kernel="native", max_num_batched_tokens=64)
+    assert llm.engine.info.linear_kernel["format"] == "native"
+    batched = [o.token_ids for o in llm.generate(prompts[:2], GREEDY)]   # 2 decode rows: the kernel's
+    assert [llm.generate([p], GREEDY)[0].token_ids for p in prompts[:2]] == batched
 
 
 def test_named_pinned_and_impossible_choices(monkeypatch):

@@ -66,7 +66,9 @@ def test_shapes_strides_and_what_it_hands_to_torch():
     torch.testing.assert_close(row_gemm.linear(wide, w, None), _reference(wide, w, None), rtol=1e-5, atol=1e-5)
     many = torch.randn(row_gemm.MAX_ROWS + 1, 24, generator=g)     # more rows, other dtypes: torch's own
     assert torch.equal(row_gemm.linear(many, w, None), F.linear(many, w))
-    xb, wb = many[:2].bfloat16(), w.bfloat16()
+    xh, wh = many[:2].half(), w.half()
+    assert torch.equal(row_gemm.linear(xh, wh, None), F.linear(xh, wh))
+    xb, wb = many[:row_gemm.BF16_MAX_ROWS + 1].bfloat16(), w.bfloat16()          # bf16: past its rows
     assert torch.equal(row_gemm.linear(xb, wb, None), F.linear(xb, wb))
     assert row_gemm.linear(torch.randn(0, 24), w, None).shape == (0, 40)
 
@@ -130,9 +132,36 @@ def test_rope_equals_the_torch_formula_bit_for_bit_on_strided_heads(heads, d):
     assert torch.equal(norm_rope.rope_rotate_half(x, cos, sin), rope.apply_rope_rotate_half(x, cos, sin))
 
 
+@needs_norm_rope
+@pytest.mark.parametrize("dim", [576, 13])
+def test_bf16_rms_norm_rounds_where_the_torch_formula_rounds(dim):
+    """bf16: normalised in float32 and rounded, then times the weight and rounded, as
+    ``norm.rms_norm`` does; the sum of squares runs in another order than torch's mean, which
+    may move the normalised value across a bf16 rounding boundary: at most one bf16 step apart."""
+    g = torch.Generator().manual_seed(dim)
+    x, w = (torch.randn(7, dim, generator=g) * 3).bfloat16(), torch.randn(dim, generator=g).bfloat16()
+    got, want = norm_rope.rms_norm(x, w, 1e-5), norm.rms_norm(x, w, 1e-5)
+    assert got.dtype == torch.bfloat16
+    step = want.float().abs() * 2 ** -7 + 1e-30
+    assert ((got.float() - want.float()).abs() <= step).all()
+    assert (got == want).float().mean() > 0.99
+    assert torch.equal(norm_rope.rms_norm(x[3:4], w, 1e-5), got[3:4])
+
+
+@needs_norm_rope
+@pytest.mark.parametrize("heads, d", [(9, 64), (3, 6)])
+def test_bf16_rope_equals_the_torch_formula_bit_for_bit(heads, d):
+    g = torch.Generator().manual_seed(heads * d + 1)
+    x = torch.randn(5, heads + 4, d, generator=g).bfloat16()[:, 2:2 + heads]
+    cos, sin = torch.randn(5, d, generator=g).bfloat16(), torch.randn(5, d, generator=g).bfloat16()
+    got = norm_rope.rope_rotate_half(x, cos, sin)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, rope.apply_rope_rotate_half(x, cos, sin))
+
+
 def test_norm_and_rope_decline_what_is_not_their_case():
     x, w = torch.randn(2, 8), torch.randn(8)
-    assert norm_rope.rms_norm(x.bfloat16(), w.bfloat16(), 1e-5) is None
+    assert norm_rope.rms_norm(x.half(), w.half(), 1e-5) is None
+    assert norm_rope.rms_norm(x.bfloat16(), w, 1e-5) is None                    # mixed dtypes
     assert norm_rope.rms_norm(x, torch.randn(4), 1e-5) is None
     assert norm_rope.rms_norm(x.t(), torch.randn(2), 1e-5) is None              # inner stride not 1
     q = torch.randn(2, 3, 8)

@@ -50,10 +50,28 @@ def test_matches_gather_and_sdpa_for_any_lengths_and_head_layout(num_heads, num_
     torch.testing.assert_close(alone, got[2:3], rtol=1e-6, atol=1e-6)
 
 
+@needs_native
+@pytest.mark.parametrize("num_heads, num_kv, d", [(9, 3, 64), (2, 2, 72)])
+def test_a_bf16_pool_is_read_in_place_and_summed_in_float32(num_heads, num_kv, d):
+    """A bf16 model's pool: its values widened exactly, float32 sums, the output rounded once to
+    the query's dtype: within one bf16 rounding of float32 gather + SDPA on the same values."""
+    g = torch.Generator().manual_seed(d)
+    pool = torch.randn(1024, 2 * num_kv * d, generator=g).bfloat16()
+    lens = torch.tensor([1, 37, 200])
+    tables = torch.stack([torch.randperm(64, generator=g)[:13] for _ in lens])
+    q = torch.randn(len(lens), num_heads, d, generator=g).bfloat16()
+    got = paged_attention.decode_attention(q, pool, tables, lens, num_kv, 16)
+    want = _reference(q.float(), pool.float(), tables, lens, num_kv, 16)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, rtol=2 ** -8, atol=1e-5)
+    assert torch.equal(paged_attention.decode_attention(q[1:2], pool, tables[1:2], lens[1:2], num_kv, 16), got[1:2])
+    assert paged_attention.supports(q, pool, None) == (WHY_NOT is None)
+
+
 def test_what_it_declines_goes_to_torch():
     q, pool = torch.randn(2, 4, 16), torch.randn(64, 128)
-    assert not paged_attention.supports(q.bfloat16(), pool, None)
-    assert not paged_attention.supports(q, pool.bfloat16(), None)
+    assert not paged_attention.supports(q.half(), pool, None)
+    assert not paged_attention.supports(q, pool.half(), None)
     assert not paged_attention.supports(q, pool, torch.ones(64, 2))          # int8 pool with scales
     assert not paged_attention.supports(torch.randn(2, 4, 12), pool, None)   # head dim not a multiple of 8
     assert paged_attention.supports(q, pool, None) == (WHY_NOT is None)

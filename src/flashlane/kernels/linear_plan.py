@@ -8,17 +8,19 @@ Three formats:
   freezing and vLLM's CPU linears use) and multiplied by oneDNN, whose kernels are chosen by the
   CPU's instruction set rather than its vendor;
 - ``native``: the weight as loaded; up to ``row_gemm.MAX_ROWS`` rows (decode) go through
-  flashlane's own AVX2 kernel (``native/row_gemm.cpp``, float32, single-threaded, batch-invariant),
-  more rows (prefill) through torch as in ``aten``.
+  flashlane's own kernels (``native/row_gemm.cpp``: float32, AVX2; ``native/row_gemm_bf16.cpp``:
+  bfloat16 where the CPU has AVX512_BF16; single-threaded, batch-invariant), more rows (prefill)
+  through torch as in ``aten``.
 
 One storage holds for every row count (a second copy of every weight would double the model's
 memory), so ``auto`` times the formats on this CPU. ``onednn`` is taken only where it is no slower
 at decode (1 row, on a weight larger than the last-level cache, the bandwidth-bound case), at
 least 10% faster at batch and small-prefill row counts, and no slower at a prefill chunk's row
 count (1024: on a Zen 3 at 2 threads it was 0.70-0.84x aten's time at 16-128 rows but 1.22x at
-1024 and 1.36x at 2048, which made SmolLM2's prefill 20% slower); ``native`` only where it is no slower at decode
-and at least 10% faster at 8 rows (its prefill is aten's); where both qualify, the faster at
-decode. Ties keep the loaded weights. The choice and its timings go into the start-up report
+1024 and 1.36x at 2048, which made SmolLM2's prefill 20% slower); ``native`` only where it is no
+slower at 1 row nor at a few rows and at least 10% faster where it is meant to win (float32: 8
+rows; bfloat16: 1 row; its prefill is aten's); where both qualify, the faster at decode. Ties
+keep the loaded weights. The choice and its timings go into the start-up report
 (``LinearPlan.describe``).
 """
 
@@ -45,11 +47,19 @@ ROWS = (("decode", 1, DECODE_SHAPE), ("batch", 16, BATCH_SHAPE), ("prefill", 128
 DECODE_TOLERANCE = 1.05        # onednn / aten at decode: no slower (5% timing noise allowed)
 CHUNK_TOLERANCE = 1.05         # onednn / aten at a prefill chunk's rows: no slower
 BATCH_GAIN = 0.9               # geometric mean onednn / aten over batch + prefill: 10% faster
-NATIVE_ROWS = (("decode", 1, DECODE_SHAPE), ("batch", 8, DECODE_SHAPE))   # native's rows; more are aten's
-# native / aten: no slower at 1 row (5% timing noise allowed: one 64 MiB GEMV timed a few times
-# moves by 10-20% on a shared machine) and 10% faster at 8 rows, where MKL's small-M GEMM is slow
+# native / aten: no slower at 1 row nor at a few rows (5% timing noise allowed: one 64 MiB GEMV
+# timed a few times moves by 10-20% on a shared machine), and 10% faster where the kernel is meant
+# to win: float32 at 8 rows, where MKL's small-M GEMM is slow; bfloat16 at 1 row (it takes 2 at
+# most, see row_gemm.BF16_MAX_ROWS), where torch's bf16 GEMV reads the weights slowly
 NATIVE_DECODE_TOLERANCE = 1.05
 NATIVE_BATCH_GAIN = 0.9
+
+
+def native_rows(dtype: torch.dtype) -> tuple[tuple, str]:
+    """The row classes native is timed at for ``dtype`` and the one it must be 10% faster at."""
+    batch = min(8, row_gemm.max_rows(dtype))
+    return (("decode", 1, DECODE_SHAPE), ("batch", batch, DECODE_SHAPE)), \
+        "decode" if dtype == torch.bfloat16 else "batch"
 
 Timer = Callable[[str, int, tuple[int, int], torch.dtype], float]     # (format, rows, shape, dtype) -> s
 
@@ -63,8 +73,10 @@ def unavailable(fmt: str, dtype: torch.dtype, device: torch.device | str = "cpu"
     if fmt == "native":
         if torch.device(device).type != "cpu":
             return f"device {torch.device(device)}: the native kernel is a CPU kernel"
+        if dtype == torch.bfloat16:
+            return row_gemm.bf16_unavailable()
         if dtype != torch.float32:
-            return f"the native kernel multiplies float32 weights, not {dtype}"
+            return f"the native kernels multiply float32 or bfloat16 weights, not {dtype}"
         return row_gemm.unavailable()
     if torch.device(device).type != "cpu":
         return f"device {torch.device(device)}: oneDNN packed weights are a CPU format"
@@ -175,11 +187,13 @@ def choose_linear_plan(choice: str, dtype: torch.dtype, device: torch.device | s
     if why_not:
         notes.append(f"native: {why_not}")
     else:
-        ratios, timings = _against_aten("native", NATIVE_ROWS, timer, dtype)
-        if ratios["decode"] <= NATIVE_DECODE_TOLERANCE and ratios["batch"] <= NATIVE_BATCH_GAIN:
+        classes, gain = native_rows(dtype)
+        ratios, timings = _against_aten("native", classes, timer, dtype)
+        if max(ratios.values()) <= NATIVE_DECODE_TOLERANCE and ratios[gain] <= NATIVE_BATCH_GAIN:
             candidates.append((ratios["decode"], "native"))
-        notes.append(f"native/aten decode {ratios['decode']:.2f} (<= {NATIVE_DECODE_TOLERANCE}), 8 rows "
-                     f"{ratios['batch']:.2f} (<= {NATIVE_BATCH_GAIN}): " + "; ".join(timings))
+        bars = {c: f"<= {NATIVE_BATCH_GAIN if c == gain else NATIVE_DECODE_TOLERANCE}" for c in ratios}
+        notes.append(f"native/aten decode {ratios['decode']:.2f} ({bars['decode']}), {classes[1][1]} rows "
+                     f"{ratios['batch']:.2f} ({bars['batch']}): " + "; ".join(timings))
     chosen = min(candidates)[1] if candidates else "aten"
     return LinearPlan(chosen, f"timed: at {threads} threads, " + "; ".join(notes))
 

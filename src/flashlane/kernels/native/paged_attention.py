@@ -1,6 +1,8 @@
-"""Decode attention over a float32 paged KV pool without gathering it (``paged_attention.cpp``):
-scores from the pool, torch's softmax, values from the pool. For the decode rows of the dense
-(llama) attention; the caller keeps torch's path for anything else (see ``supports``)."""
+"""Decode attention over a float32 or bfloat16 paged KV pool without gathering it
+(``paged_attention.cpp``): scores from the pool, torch's softmax, values from the pool, in float32
+(bf16 pool values widened exactly; the output is rounded once to the query's dtype). For the
+decode rows of the dense (llama) attention; the caller keeps torch's path for anything else (see
+``supports``)."""
 
 from __future__ import annotations
 
@@ -17,10 +19,14 @@ _SCORES = [_P, _P, _I, _P, _I, _P, _I, _I, _I, _I, _I, ctypes.c_float, _P, _I]
 _VALUES = [_P, _P, _I, _P, _I, _P, _I, _I, _I, _I, _I, _I, _P]
 
 
-@functools.lru_cache(maxsize=1)
-def _functions():
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}     # pool dtypes
+
+
+@functools.lru_cache(maxsize=None)
+def _functions(pool_dtype: torch.dtype = torch.float32):
     lib = load("paged_attention", row_gemm.ARCH_FLAGS)
-    scores, values = lib.paged_scores_f32, lib.paged_values_f32
+    suffix = _SUFFIX[pool_dtype]
+    scores, values = getattr(lib, f"paged_scores_{suffix}"), getattr(lib, f"paged_values_{suffix}")
     scores.argtypes, scores.restype = _SCORES, None
     values.argtypes, values.restype = _VALUES, None
     return scores, values
@@ -33,10 +39,10 @@ def unavailable() -> str | None:
 
 
 def supports(q: torch.Tensor, pool: torch.Tensor, pool_scale: torch.Tensor | None) -> bool:
-    """Whether these decode rows can take the native path: float32 everywhere, a plain pool,
-    head dim a multiple of 8, eager (a ctypes call cannot sit inside a compiled graph), no
-    autograd to record."""
-    return (q.dtype == torch.float32 and pool.dtype == torch.float32 and pool_scale is None
+    """Whether these decode rows can take the native path: float32 or bfloat16 queries and pool, a
+    plain pool (no int8 scales), head dim a multiple of 8, eager (a ctypes call cannot sit inside
+    a compiled graph), no autograd to record."""
+    return (q.dtype in _SUFFIX and pool.dtype in _SUFFIX and pool_scale is None
             and q.device.type == "cpu" and q.shape[-1] % 8 == 0 and pool.stride(-1) == 1
             and not torch.compiler.is_compiling() and not row_gemm.tracks_grad(q) and unavailable() is None)
 
@@ -50,14 +56,15 @@ def decode_attention(q: torch.Tensor, pool: torch.Tensor, tables: torch.Tensor, 
     bsz, num_heads, d = q.shape
     if num_heads % num_kv:
         raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv} kv heads")
-    q = q.contiguous()
+    out_dtype = q.dtype
+    q = q.float().contiguous()
     if tables.dtype != torch.int64 or not tables.is_contiguous():
         tables = tables.to(torch.int64).contiguous()
     if lens.dtype != torch.int64 or not lens.is_contiguous():
         lens = lens.to(torch.int64).contiguous()
     t = longest if longest is not None else (int(lens.max()) if bsz else 0)
     scale = d ** -0.5 if scale is None else scale
-    scores_fn, values_fn = _functions()
+    scores_fn, values_fn = _functions(pool.dtype)
     scores = torch.empty(bsz, num_heads, t, dtype=torch.float32)
     scores_fn(q.data_ptr(), pool.data_ptr(), pool.stride(0), tables.data_ptr(), tables.stride(0), lens.data_ptr(),
               bsz, num_heads, num_kv, d, page_size, scale, scores.data_ptr(), t)
@@ -65,4 +72,4 @@ def decode_attention(q: torch.Tensor, pool: torch.Tensor, tables: torch.Tensor, 
     out = torch.empty(bsz, num_heads, d, dtype=torch.float32)
     values_fn(probs.data_ptr(), pool.data_ptr(), pool.stride(0), tables.data_ptr(), tables.stride(0), lens.data_ptr(),
               bsz, num_heads, num_kv, d, page_size, t, out.data_ptr())
-    return out
+    return out if out_dtype == torch.float32 else out.to(out_dtype)

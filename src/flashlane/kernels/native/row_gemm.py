@@ -1,8 +1,10 @@
 """``x @ W^T + b`` for up to ``MAX_ROWS`` rows of float32 x through ``row_gemm.cpp`` (AVX2 + FMA),
 on the weight as loaded: float32 (``linear``) or int8 with per-row scales (``int8_linear``:
-weight-only, or with int8 activations, W8A8). Faster than torch's sgemm where the rows are few
-(decode) and batch-invariant; more rows go to torch. Single-threaded: the linear plan only picks it where a
-start-up timing at the engine's thread count finds it faster."""
+weight-only, or with int8 activations, W8A8); and for bfloat16 x and weights through
+``row_gemm_bf16.cpp`` (AVX512_BF16 dot products, float32 sums rounded to bf16 once) where the CPU
+has it. Faster than torch's GEMM where the rows are few (decode) and batch-invariant; more rows go
+to torch. Single-threaded: the linear plan only picks it where a start-up timing at the engine's
+thread count finds it faster."""
 
 from __future__ import annotations
 
@@ -15,7 +17,13 @@ from ..cpu_caps import CpuCaps, detect_cpu_caps
 from .build import load, why_unavailable
 
 MAX_ROWS = 16          # measured: ahead of MKL up to 16 rows, behind it at 32 (fp32, Zen 3, 1 thread)
+# bf16: 0.34-0.61x torch's time at 1 row, 0.56-0.89x at 2, 0.80-1.13x at 3 (1 thread, Sapphire
+# Rapids, SmolLM2's matrices); with weights that are not in cache, parity at 2 and 1.5-2.4x at 4-16:
+# past 2 rows torch's bf16 GEMM (oneDNN, AMX here) wins
+BF16_MAX_ROWS = 2
 ARCH_FLAGS = ("-mavx2", "-mfma", "-mf16c")   # F16C: the GGUF block kernels' fp16 scales
+BF16_FLAGS = (*ARCH_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512bf16")
+BF16_CPU_FLAGS = ("avx512f", "avx512bw", "avx512_bf16")
 _ARGS = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
          ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
 
@@ -31,6 +39,26 @@ def cpu_unavailable(caps: CpuCaps | None = None) -> str | None:
     elif caps.capability.upper() not in ("AVX2", "AVX512", "AMX"):
         return f"torch reports CPU capability {caps.capability}, not AVX2"
     return None
+
+
+def bf16_cpu_unavailable(caps: CpuCaps | None = None) -> str | None:
+    """Why a CPU with ``caps`` cannot run the bf16 kernel (it needs AVX512_BF16); None: it can."""
+    caps = detect_cpu_caps() if caps is None else caps
+    missing = [f for f in BF16_CPU_FLAGS if f not in caps.flags]
+    return f"the CPU lacks {', '.join(missing)}" if missing else None
+
+
+@functools.lru_cache(maxsize=1)
+def bf16_unavailable() -> str | None:
+    """Why the bf16 kernel cannot run on this machine (None: it can)."""
+    return why_unavailable(bf16_cpu_unavailable(), _bf16_function)
+
+
+@functools.lru_cache(maxsize=1)
+def _bf16_function():
+    fn = load("row_gemm_bf16", BF16_FLAGS).row_gemm_bf16
+    fn.argtypes, fn.restype = _ARGS, None
+    return fn
 
 
 def unavailable() -> str | None:
@@ -78,18 +106,33 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return a if a.stride(-1) == 1 else a.contiguous()
 
 
+def _takes_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return (0 < rows <= BF16_MAX_ROWS and x.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16
+            and x.device.type == "cpu" and not tracks_grad(x, weight, bias) and bf16_unavailable() is None)
+
+
+def max_rows(dtype: torch.dtype) -> int:
+    """Rows the native kernel of ``dtype`` takes (more go to torch)."""
+    return BF16_MAX_ROWS if dtype == torch.bfloat16 else MAX_ROWS
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x [..., K] @ weight[N, K]^T + bias; the native kernel for float32 CPU tensors of up to
-    ``MAX_ROWS`` rows, torch's linear otherwise."""
-    if not takes(x, weight, bias, torch.float32):
+    ``MAX_ROWS`` rows and bfloat16 ones of up to ``BF16_MAX_ROWS`` where the CPU has AVX512_BF16,
+    torch's linear otherwise."""
+    if _takes_bf16(x, weight, bias):
+        fn, b = _bf16_function(), None if bias is None else bias.float().contiguous()
+    elif takes(x, weight, bias, torch.float32):
+        fn, b = _function(), None if bias is None else bias.contiguous()
+    else:
         return torch.nn.functional.linear(x, weight, bias)
     n, k = weight.shape
     a = _rows(x)
     w = weight if weight.stride(-1) == 1 else weight.contiguous()
-    b = None if bias is None else bias.contiguous()
-    out = torch.empty(a.shape[0], n, dtype=torch.float32)
-    _function()(a.data_ptr(), a.shape[0], a.stride(0), w.data_ptr(), n, k, w.stride(0),
-                None if b is None else b.data_ptr(), out.data_ptr(), n)
+    out = torch.empty(a.shape[0], n, dtype=x.dtype)
+    fn(a.data_ptr(), a.shape[0], a.stride(0), w.data_ptr(), n, k, w.stride(0),
+       None if b is None else b.data_ptr(), out.data_ptr(), n)
     return out.reshape(*x.shape[:-1], n)
 
 

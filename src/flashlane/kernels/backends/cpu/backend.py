@@ -56,6 +56,8 @@ def _native_linear(module, rows: int) -> decode_layer.Linear | None:
     (float32 weights as loaded), one on GGUF blocks, or an int8 one whose plan picks a native
     kernel at ``rows`` rows; None for anything else (torch formats, other int8 kernels)."""
     if getattr(module, "fmt", None) == "native":
+        if module.weight.dtype != torch.float32:      # bf16 native linears: the layer kernel is float32
+            return None
         return decode_layer.Linear("float32", module.weight, None, module.bias)
     kind = getattr(module, "kind", None)
     if kind in gguf_blocks.BYTES:              # GGUF blocks, repacked (models.gguf_blocks.GgufLinear)
@@ -96,8 +98,9 @@ class CpuBackend(KernelBackend):
         self._rope_tables: dict[tuple[int, float], rope.RopeCache] = {}
         # flashlane's native kernels (kernels/native) for eager work where they build on this
         # CPU: dense decode attention read from the paged pool in place, RMSNorm and rotate-half
-        # RoPE, GGUF block linears and whole llama decode layers (float32); the KDA recurrence,
-        # the short conv and mHC (float32 and bfloat16); the indexer's prefill scores and top-k.
+        # RoPE (float32 and bfloat16), GGUF block linears and whole llama decode layers (float32);
+        # the KDA recurrence, the short conv and mHC (float32 and bfloat16); the indexer's prefill
+        # scores and top-k.
         # None: decided here, once.
         self._native_why_not = (paged_attention.unavailable() or norm_rope.unavailable()
                                 or decode_layer.unavailable() or block_gemm.unavailable() or mhc_weights.unavailable()
@@ -115,7 +118,8 @@ class CpuBackend(KernelBackend):
     def describe(self) -> str:
         kernels = ("native decode attention (paged, in place), RMSNorm and RoPE, GGUF block linears; whole "
                    "llama decode layers in one call where their linears are native; the KDA recurrence and "
-                   "short conv (prefill and decode) and mHC in fp32 and bf16" if self.native
+                   "short conv (prefill and decode) and mHC in fp32 and bf16; the indexer's prefill scores "
+                   f"({index_scores.best_variant()}) and top-k" if self.native
                    else f"torch SDPA decode attention ({self._native_why_not or 'native kernels off'})")
         return f"{self.name}: plain-torch kernels (flashlane.kernels) on {self.device}; {kernels}"
 
