@@ -153,6 +153,20 @@ def test_tiny_gguf_engine_keeps_the_block_tensors_and_is_batch_invariant(tmp_pat
     assert batched == alone
 
 
+def test_auto_dtype_with_gguf_blocks_is_float32_and_says_why(tmp_path, monkeypatch):
+    """The block kernels quantise float32 activations (as llama.cpp): on a CPU where ``auto``
+    would pick bf16, GGUF blocks still run in float32, and the start-up report says why."""
+    from flashlane.engine.llm_engine import GGUF_DTYPE_REASON
+
+    monkeypatch.setenv("FLASHLANE_AUTO_DTYPE", "bfloat16")
+    path = tmp_path / "tiny.gguf"
+    _write_gguf(path)
+    info = LLM(str(path), quantization="gguf").engine.info
+    assert info.dtype == "float32" and info.dtype_reason == GGUF_DTYPE_REASON
+    plain = LLM(str(path)).engine.info          # without the blocks, auto is auto
+    assert plain.dtype == "bfloat16" and plain.dtype_reason == "pinned by FLASHLANE_AUTO_DTYPE"
+
+
 def test_gguf_quantization_refuses_what_it_cannot_do(tmp_path):
     with pytest.raises(ValueError, match="cannot trace"):
         EngineArgs(quantization="gguf", compile=True).validate()

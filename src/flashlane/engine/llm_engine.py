@@ -44,6 +44,10 @@ def _model_dtype(model) -> torch.dtype:
     return emb.float_dtype if isinstance(emb, Int8Embedding) else emb.weight.dtype
 
 
+# dtype "auto" with GGUF blocks on a CPU (see LLMEngine._gguf_float32)
+GGUF_DTYPE_REASON = "auto with quantization gguf: float32, the activations the block kernels quantise (as llama.cpp)"
+
+
 class LLMEngine:
     def __init__(self, model, **engine_args):
         args = EngineArgs.from_kwargs(**engine_args)
@@ -92,11 +96,20 @@ class LLMEngine:
         if args.compile:
             self._warm_up()
 
+    def _gguf_float32(self) -> bool:
+        """dtype "auto" with GGUF blocks on a CPU means float32: the block kernels quantise float32
+        activations per block, as llama.cpp does (a bf16 model would take torch's slow emulation)."""
+        args = self.args
+        return args.quantization == "gguf" and args.dtype == "auto" and torch.device(args.device).type == "cpu"
+
+    def _load_dtype(self) -> str:
+        return "float32" if self._gguf_float32() else self.args.dtype
+
     def _load(self, model) -> None:
         args = self.args
         if isinstance(model, str):
             from ..models.registry import load_model
-            model = load_model(model, dtype=args.dtype, seed=args.seed, device=args.device,
+            model = load_model(model, dtype=self._load_dtype(), seed=args.seed, device=args.device,
                                require_tokenizer=not args.skip_tokenizer_init)
         self.loaded = model
         if not isinstance(model.model, CausalLM):
@@ -194,7 +207,8 @@ class LLMEngine:
             static_batch_size=args.static_batch_size if args.scheduler == "static" else None,
             weight_bytes=self.weight_bytes + self.linears.extra_bytes, quantization=self._quant_report(),
             quantization_summary="no quantization" if self.quant is None else self.quant.describe(),
-            dtype_reason=(auto_cpu_dtype_choice().why if args.dtype == "auto" and loaded_here
+            dtype_reason=(GGUF_DTYPE_REASON if self._gguf_float32() and loaded_here
+                          else auto_cpu_dtype_choice().why if args.dtype == "auto" and loaded_here
                           and torch.device(args.device).type == "cpu" else None),
             num_threads=torch.get_num_threads(),
             kernel_backend={"name": self.ops.name, "description": self.ops.describe()},
