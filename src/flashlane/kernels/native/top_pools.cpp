@@ -26,10 +26,6 @@ struct Pick {
     float score;
     int64_t index;
 };
-// a before b: higher score, or the same score and a lower index
-inline bool before(const Pick& a, const Pick& b) {
-    return a.score > b.score || (a.score == b.score && a.index < b.index);
-}
 constexpr int kBits = 11;
 constexpr uint32_t kBuckets = 1u << kBits;
 constexpr int64_t kSample = 128;        // sampled scores per row
@@ -117,8 +113,8 @@ bool collect(const float* s, int64_t M, int64_t n, float t, int64_t cap, std::ve
     return true;
 }
 
-// a value about kAim * n of the row's scores reach, from a strided sample; -inf where the
-// sample says the row is too narrow for it to help
+// a value about kAim * n of the row's scores reach, from a strided sample (-inf where the sample
+// lands on masked scores; the caller then takes the radix select)
 float sampled_threshold(const float* s, int64_t M, int64_t n, std::vector<float>& sample) {
     const int64_t stride = M / kSample;
     sample.resize(kSample);
