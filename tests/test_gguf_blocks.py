@@ -165,6 +165,10 @@ def test_auto_dtype_with_gguf_blocks_is_float32_and_says_why(tmp_path, monkeypat
     assert info.dtype == "float32" and info.dtype_reason == GGUF_DTYPE_REASON
     plain = LLM(str(path)).engine.info          # without the blocks, auto is auto
     assert plain.dtype == "bfloat16" and plain.dtype_reason == "pinned by FLASHLANE_AUTO_DTYPE"
+    named = LLM(str(path), quantization="gguf", dtype="bfloat16").engine.info      # asked for by name: kept, said
+    assert named.dtype == "bfloat16"
+    if CpuBackend().native:
+        assert "the native kernels take a float32 model" in named.quantization["kernel"]
 
 
 def test_gguf_quantization_refuses_what_it_cannot_do(tmp_path):

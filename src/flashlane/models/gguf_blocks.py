@@ -118,9 +118,11 @@ def keep_gguf_blocks(model: nn.Module, path: str | Path | None, ops: KernelBacke
         raise ValueError(f"quantization 'gguf': {path} stores no linear in a block type flashlane runs "
                          f"({', '.join(BLOCK_KINDS)})")
     report.bytes_after = weight_bytes(model)
-    native = getattr(ops, "native", False) and next(iter(model.parameters())).dtype == torch.float32
+    float32 = next(iter(model.parameters())).dtype == torch.float32
+    native = getattr(ops, "native", False) and float32
+    why = "" if float32 or not getattr(ops, "native", False) else "; the native kernels take a float32 model"
     report.kernel = (f"{ops.name} backend: " + ("native block kernels" if native
-                                               else "torch reference (both sides dequantised, one matmul)"))
+                                               else f"torch reference (both sides dequantised, one matmul{why})"))
     return report
 
 
