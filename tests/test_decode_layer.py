@@ -94,13 +94,95 @@ def check_against_composed(w, g, lens, page, tol, pool_tol):
     cos, sin = torch.cat((pos, pos), -1).cos(), torch.cat((pos, pos), -1).sin()
     want_pool = pool.clone()
     want = _reference(h, w, cos, sin, want_pool, slots, tables, lens, page)
-    got = decode_layer.decode_layer(h, w, cos, sin, pool, slots, tables, lens, int(lens.max()), page, hd ** -0.5)
+    got = decode_layer.decode_layer(h, w, cos, sin, pool, slots, tables, lens, page, hd ** -0.5)
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)
     torch.testing.assert_close(pool, want_pool, rtol=pool_tol, atol=pool_tol)   # the new K|V rows, nothing else
     for b in range(m):
         alone = decode_layer.decode_layer(h[b:b + 1], w, cos[b:b + 1], sin[b:b + 1], pool.clone(), slots[b:b + 1],
-                                          tables[b:b + 1], lens[b:b + 1], int(lens[b]), page, hd ** -0.5)
+                                          tables[b:b + 1], lens[b:b + 1], page, hd ** -0.5)
         assert torch.equal(alone, got[b:b + 1])
+
+
+BF16_WHY_NOT = decode_layer.bf16_unavailable()
+needs_bf16_layer = pytest.mark.skipif(BF16_WHY_NOT is not None, reason=f"bf16 layer kernel: {BF16_WHY_NOT}")
+
+
+def _separate_bf16(h, w, cos, sin, pool, slots, tables, lens, page):
+    """The bf16 layer as the engine composes it from the separate native ops (AMX linears,
+    RMSNorm and RoPE kernels, the paged attention kernel) and torch's bf16 adds and SiLU."""
+    from flashlane.kernels.native import norm_rope, paged_attention, row_gemm
+
+    ln1, ln2, lq, lk, lv, lo, lg, lu, ld = w.tensors
+    m, heads, kv, hd = h.shape[0], w.heads, w.kv_heads, w.head_dim
+
+    def mm(lin, x):
+        return row_gemm.linear(x, lin.weight, None if lin.bias is None else lin.bias.bfloat16())
+
+    x = norm_rope.rms_norm(h, ln1, w.eps)
+    q = norm_rope.rope_rotate_half(mm(lq, x).view(m, heads, hd), cos, sin)
+    k = norm_rope.rope_rotate_half(mm(lk, x).view(m, kv, hd), cos, sin)
+    v = mm(lv, x).view(m, kv, hd)
+    pool[slots] = torch.cat((k.reshape(m, -1), v.reshape(m, -1)), -1)
+    att = paged_attention.decode_attention(q, pool, tables, lens, kv, page)
+    h1 = h + mm(lo, att.reshape(m, -1))
+    x2 = norm_rope.rms_norm(h1, ln2, w.eps)
+    return h1 + mm(ld, F.silu(mm(lg, x2)) * mm(lu, x2))
+
+
+@needs_bf16_layer
+@pytest.mark.parametrize("heads, kv, hd, page, qkv_bias", [(9, 3, 64, 16, False), (4, 2, 16, 1, True),
+                                                           (2, 1, 32, 4, True)])
+def test_bf16_layer_equals_the_separate_bf16_ops(heads, kv, hd, page, qkv_bias):
+    """bf16 weights, activations and pool (dims multiples of the AMX depth): the new K|V rows
+    bit for bit those of the separate native ops and nothing else written; the output equal to
+    theirs up to SiLU's exp (simd.h's against torch's: at most one bf16 step, rarely); each
+    sequence alone bit for bit what it gave in the batch."""
+    g = torch.Generator().manual_seed(heads * 10 + hd + page)
+    hidden, inter = 96, 160
+    mats = [torch.randn(n, k, generator=g) / k ** 0.5 for n, k in
+            [(heads * hd, hidden), (kv * hd, hidden), (kv * hd, hidden), (hidden, heads * hd), (inter, hidden),
+             (inter, hidden), (hidden, inter)]]
+    biases = [0.1 * torch.randn(mat.shape[0], generator=g) if qkv_bias and i < 3 else None
+              for i, mat in enumerate(mats)]
+    linears = [decode_layer.Linear("bf16", mat.bfloat16(), None, None if b is None else b.bfloat16().float())
+               for mat, b in zip(mats, biases)]
+    ln1, ln2 = ((1 + 0.1 * torch.randn(hidden, generator=g)).bfloat16() for _ in range(2))
+    w = decode_layer.LayerWeights(ln1, ln2, 1e-5, linears, heads, kv, hd)
+    assert w.ok
+    lens = torch.tensor([1, 37, 200, 16, 9])
+    m = len(lens)
+    pages = int(lens.max() + page - 1) // page
+    n_pages = 4096 // page
+    tables = torch.randperm(n_pages, generator=g)[:m * pages].view(m, pages).contiguous()
+    slots = tables.gather(1, ((lens - 1) // page)[:, None])[:, 0] * page + (lens - 1) % page
+    pool = torch.randn(n_pages * page, 2 * kv * hd, generator=g).bfloat16()
+    h = torch.randn(m, hidden, generator=g).bfloat16()
+    pos = (lens - 1).float()[:, None] * torch.rand(hd // 2, generator=g)[None]
+    cos, sin = torch.cat((pos, pos), -1).cos().bfloat16(), torch.cat((pos, pos), -1).sin().bfloat16()
+    want_pool = pool.clone()
+    want = _separate_bf16(h, w, cos, sin, want_pool, slots, tables, lens, page)
+    got = decode_layer.decode_layer(h, w, cos, sin, pool, slots, tables, lens, page, hd ** -0.5)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(pool, want_pool)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=2 ** -7)
+    assert (got != want).float().mean() < 0.05
+    for b in range(m):
+        alone = decode_layer.decode_layer(h[b:b + 1], w, cos[b:b + 1], sin[b:b + 1], pool.clone(), slots[b:b + 1],
+                                          tables[b:b + 1], lens[b:b + 1], page, hd ** -0.5)
+        assert torch.equal(alone, got[b:b + 1])
+
+
+def test_a_bf16_layer_needs_bf16_linears_with_amx_depth():
+    g = torch.Generator().manual_seed(1)
+    ln = torch.ones(64).bfloat16()
+    mats = [torch.randn(64, 64, generator=g).bfloat16() for _ in range(7)]
+    assert not decode_layer.LayerWeights(ln, ln, 1e-5, [decode_layer.Linear("float32", mat.float(), None, None)
+                                                        for mat in mats], 4, 4, 16).ok       # float32 kinds
+    odd = [decode_layer.Linear("bf16", torch.randn(64, 48, generator=g).bfloat16(), None, None)] * 7
+    assert not decode_layer.LayerWeights(ln, ln, 1e-5, odd, 4, 4, 16).ok                        # K 48
+    fine = [decode_layer.Linear("bf16", mat, None, None) for mat in mats]
+    assert decode_layer.LayerWeights(ln, ln, 1e-5, fine, 4, 4, 16).ok
+    assert not decode_layer.LayerWeights(ln.float(), ln.float(), 1e-5, fine, 4, 4, 16).ok      # float32 norms
 
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=3)
@@ -167,6 +249,27 @@ def test_smollm2_stays_within_1e4_of_torch(monkeypatch):
     _close(plain.generate(prompts, GREEDY), got, 1e-4)
 
 
+@needs_bf16_layer
+def test_bf16_smollm2_takes_the_fused_layer_and_keeps_the_separate_ops_tokens(monkeypatch):
+    """A bf16 model with native linears decodes through the bf16 layer (AMX), batched up to 16
+    rows, with the separate native ops' tokens and logprobs within bf16 noise."""
+    m = preset("smollm2-135m")
+    prompts = random_prompts(3, 20, 40, 4000, seed=8)
+    calls = _fused_calls(monkeypatch)
+    llm = LLM(copy.deepcopy(m), dtype="bfloat16", linear_kernel="native")
+    got = llm.generate(prompts, GREEDY)
+    assert calls and max(calls) == 3
+    _unfused(monkeypatch)
+    n = len(calls)
+    separate = LLM(copy.deepcopy(m), dtype="bfloat16", linear_kernel="native")
+    want = separate.generate(prompts, GREEDY)
+    assert len(calls) == n
+    agree = sum(a.token_ids == b.token_ids for a, b in zip(got, want))
+    assert agree >= 2, [(a.token_ids, b.token_ids) for a, b in zip(got, want)]
+    first = [(a.logprobs[0], b.logprobs[0]) for a, b in zip(got, want)]
+    assert all(abs(la[t] - lb[t]) < 0.05 for la, lb in first for t in la if t in lb)
+
+
 def test_what_it_declines_composes_the_separate_ops(monkeypatch):
     m = tiny_llama(seed=3)
     prompts = random_prompts(3, 3, 20, 250, seed=7)
@@ -186,4 +289,6 @@ def test_what_it_declines_composes_the_separate_ops(monkeypatch):
 
 def test_the_backend_names_the_whole_layer_path():
     assert "whole llama decode layers" in CpuBackend().describe()
+    if BF16_WHY_NOT is None:
+        assert "bf16 on AMX" in CpuBackend().describe()
     assert "whole llama" not in CpuBackend(native=False).describe()

@@ -14,7 +14,7 @@ from flashlane.engine.llm import LLM
 from flashlane.engine.sampling_params import SamplingParams
 from flashlane.kernels.backends import select_backend
 from flashlane.kernels.linear_plan import (CHOICES, DECODE_SHAPE, LinearPlan, choose_linear_plan, linear,
-                                           pack_weight, unavailable)
+                                           native_rows, pack_weight, unavailable)
 from flashlane.models.packed_linear import KernelLinear, PackedLinear, pack_linears
 
 ONEDNN = unavailable("onednn", torch.float32) is None
@@ -30,12 +30,12 @@ GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 def _timer(decode: float, batch: float, prefill: float, native: tuple[float, float] = (1.0, 1.0),
            chunk: float = 1.0):
     """A fake timer: aten takes 1 s everywhere, onednn the given seconds per row class (``chunk``:
-    at a prefill chunk's 1024 rows), native ``native`` at 1 and 8 rows (bfloat16: 1 and 2)."""
+    at a prefill chunk's 1024 rows), native ``native`` at 1 row and at its batch class's rows."""
     def timer(fmt, rows, shape, dtype):
         if fmt == "aten":
             return 1.0
         if fmt == "native":
-            return dict(zip((1, 2 if dtype == torch.bfloat16 else 8), native))[rows]
+            return dict(zip((1, native_rows(dtype)[0][1][1]), native))[rows]
         return {1: decode, 16: batch, 128: prefill, 1024: chunk}[rows]
     return timer
 
@@ -103,18 +103,23 @@ def test_bf16_native_needs_avx512_bf16_by_name():
 
 
 @pytest.mark.parametrize("native, want", [
-    ((0.5, 0.8), "native"),       # 10% faster at 1 row, no slower at 2
+    ((0.5, 0.8), "native"),       # 10% faster at 1 row, no slower at its batch rows
     ((0.95, 0.5), "aten"),        # not 10% faster at 1 row: bf16's native is meant for decode
-    ((0.5, 1.1), "aten"),         # slower at 2 rows, the most it takes
+    ((0.5, 1.1), "aten"),         # slower at its batch rows
 ])
-def test_auto_takes_bf16_native_where_it_is_faster_at_one_row_and_no_slower_at_two(native, want, monkeypatch):
+@pytest.mark.parametrize("amx, batch_rows", [(None, 8), ("the CPU lacks amx_tile", 2)])
+def test_auto_takes_bf16_native_where_it_is_faster_at_one_row_and_no_slower_at_its_batch(
+        native, want, amx, batch_rows, monkeypatch):
+    """With AMX the kernel takes up to 16 rows and is timed at 8; with the dot-product kernel only,
+    at the 2 rows it takes."""
     from flashlane.kernels.native import row_gemm
 
     monkeypatch.delenv("FLASHLANE_LINEAR_KERNEL", raising=False)
     monkeypatch.setattr(row_gemm, "bf16_unavailable", lambda: None)
+    monkeypatch.setattr(row_gemm, "amx_unavailable", lambda: amx)
     plan = choose_linear_plan("auto", torch.bfloat16, timer=_timer(1.2, 1.0, 1.0, native=native))
     assert plan.format == want
-    assert "native/aten decode" in plan.why and "2 rows" in plan.why
+    assert "native/aten decode" in plan.why and f"{batch_rows} rows" in plan.why
 
 
 @needs_native_bf16
@@ -133,7 +138,7 @@ def test_bf16_native_kernel_rounds_float32_sums_and_is_batch_invariant(n, k, row
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), want, rtol=2 ** -8, atol=1e-3 * k ** 0.5)
     assert torch.equal(torch.cat([linear("native", x[i:i + 1], w, bias) for i in range(rows)]), out)
-    more = torch.randn(row_gemm.BF16_MAX_ROWS + 1, k, generator=gen).bfloat16()
+    more = torch.randn(row_gemm.max_rows(torch.bfloat16) + 1, k, generator=gen).bfloat16()
     assert torch.equal(linear("native", more, w, bias), torch.nn.functional.linear(more, w, bias))
 
 

@@ -68,9 +68,53 @@ def test_shapes_strides_and_what_it_hands_to_torch():
     assert torch.equal(row_gemm.linear(many, w, None), F.linear(many, w))
     xh, wh = many[:2].half(), w.half()
     assert torch.equal(row_gemm.linear(xh, wh, None), F.linear(xh, wh))
-    xb, wb = many[:row_gemm.BF16_MAX_ROWS + 1].bfloat16(), w.bfloat16()          # bf16: past its rows
+    xb, wb = many[:row_gemm.max_rows(torch.bfloat16) + 1].bfloat16(), w.bfloat16()   # bf16: past its rows
     assert torch.equal(row_gemm.linear(xb, wb, None), F.linear(xb, wb))
     assert row_gemm.linear(torch.randn(0, 24), w, None).shape == (0, 40)
+
+
+needs_amx = pytest.mark.skipif(row_gemm.amx_unavailable() is not None,
+                               reason=f"AMX kernel unavailable: {row_gemm.amx_unavailable()}")
+
+
+@needs_amx
+@pytest.mark.parametrize("n, k", [(576, 576), (100, 64), (3, 32), (577, 1536), (4096, 96)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_amx_linear_rounds_float32_sums_once_and_a_row_does_not_depend_on_the_others(n, k, threads):
+    """bf16 rows against bf16 weights on AMX tiles: within one bf16 rounding of the float32 product
+    for every row count it takes (1-16); a row alone equals the same row among 16, with the
+    features split over threads or not; 17 rows and a K that is not a multiple of 32 go elsewhere."""
+    g = torch.Generator().manual_seed(n + k)
+    w, bias = torch.randn(n, k, generator=g).bfloat16(), torch.randn(n, generator=g).bfloat16()
+    x = torch.randn(row_gemm.AMX_MAX_ROWS + 1, k, generator=g).bfloat16()
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        full = row_gemm.linear(x[:16], w, bias)
+        want = x[:16].float() @ w.float().T + bias.float()
+        torch.testing.assert_close(full.float(), want, rtol=2 ** -8, atol=1e-3 * k ** 0.5)
+        for rows in range(1, 17):
+            assert torch.equal(row_gemm.linear(x[:rows], w, bias), full[:rows]), rows
+        assert torch.equal(row_gemm.linear(x[16:17], w, None), row_gemm.linear(x[:17], w, None)[16:])
+        assert torch.equal(row_gemm.linear(x, w, bias), F.linear(x, w, bias))      # 17 rows: torch's
+    finally:
+        torch.set_num_threads(prev)
+    assert row_gemm.max_rows(torch.bfloat16) == row_gemm.AMX_MAX_ROWS
+
+
+@needs_amx
+def test_amx_declines_a_k_that_is_not_a_multiple_of_32():
+    g = torch.Generator().manual_seed(5)
+    w, x = torch.randn(64, 48, generator=g).bfloat16(), torch.randn(8, 48, generator=g).bfloat16()
+    assert torch.equal(row_gemm.linear(x, w, None), F.linear(x, w))    # 8 rows: past the dot kernel's 2
+
+
+def test_amx_needs_the_tile_flags_by_name():
+    from flashlane.kernels.cpu_caps import CpuCaps
+
+    bf16 = CpuCaps("AVX512", frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16"}))
+    assert row_gemm.amx_cpu_unavailable(bf16) == "the CPU lacks amx_tile, amx_bf16"
+    assert row_gemm.amx_cpu_unavailable(CpuCaps("AMX", bf16.flags | {"amx_tile", "amx_bf16"})) is None
 
 
 def test_no_compiler_and_a_failed_build_are_reasons_not_crashes(monkeypatch, tmp_path):

@@ -2,9 +2,10 @@
 // call: RMSNorm, q/k/v, RoPE, the new K|V written to the paged pool, attention over the pool,
 // o_proj + residual, RMSNorm, gate/up, SiLU * up, down + residual. The same kernels as the
 // separate calls (row_gemm, norm_rope, paged_attention), so the layer differs from them only in
-// softmax and SiLU, whose exp is simd.h's; what it saves is the ~13 Python-level calls and
+// SiLU, whose exp is simd.h's; what it saves is the ~13 Python-level calls and
 // their allocations per layer, which cost as much as the weights' reads at batch 1.
 #include "block_gemm.cpp"
+#include "decode_layer.h"
 #include "norm_rope.cpp"
 #include "paged_attention.cpp"
 #include "row_gemm.cpp"
@@ -12,28 +13,6 @@
 #include <math.h>
 
 #include <vector>
-
-// p[0 : n] = softmax(s[0 : n]) in place
-static void softmax_row(float* s, int64_t n) {
-    float m = -INFINITY;
-    for (int64_t t = 0; t < n; t++) m = s[t] > m ? s[t] : m;
-    const __m256 vm = _mm256_set1_ps(m);
-    __m256 acc = _mm256_setzero_ps();
-    int64_t t = 0;
-    for (; t + 8 <= n; t += 8) {
-        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + t), vm));
-        _mm256_storeu_ps(s + t, e);
-        acc = _mm256_add_ps(acc, e);
-    }
-    float sum = hsum(acc);
-    for (; t < n; t++) {
-        s[t] = exp1(s[t] - m);
-        sum += s[t];
-    }
-    const __m256 inv = _mm256_set1_ps(1.0f / sum);
-    for (t = 0; t + 8 <= n; t += 8) _mm256_storeu_ps(s + t, _mm256_mul_ps(_mm256_loadu_ps(s + t), inv));
-    for (; t < n; t++) s[t] *= 1.0f / sum;
-}
 
 // a = silu(g) * u = g / (1 + e^-g) * u
 static void silu_mul(const float* g, const float* u, float* a, int64_t n) {
@@ -53,46 +32,30 @@ static void add(const float* a, const float* b, float* out, int64_t n) {
     for (; i < n; i++) out[i] = a[i] + b[i];
 }
 
-// one linear: float32 weights, int8 weights widened (weight-only), int8 weights with int8
-// activations (W8A8), or GGUF Q4_1 / Q8_0 blocks repacked by 8 rows (block_gemm.cpp); [out, in]
-// row-major, bias may be null, scale: int8 kinds' per-row scales (the block kinds carry theirs)
-enum Kind : int32_t { F32 = 0, I8W = 1, W8A8 = 2, GGUF_Q4_1 = 3, GGUF_Q8_0 = 4 };
-struct Linear {
-    const void* w;
-    const float* scale;
-    const float* bias;
-    int32_t kind;
-};
-
 static void linear(const Linear& L, const float* x, int64_t M, int64_t K, int64_t N, float* out) {
-    if (L.kind == F32)
+    if (L.kind == LIN_F32)
         row_gemm_f32(x, M, K, (const float*)L.w, N, K, K, L.bias, out, N);
-    else if (L.kind == I8W)
+    else if (L.kind == LIN_I8W)
         row_gemm_i8w(x, M, K, (const int8_t*)L.w, L.scale, N, K, K, L.bias, out, N);
-    else if (L.kind == W8A8)
+    else if (L.kind == LIN_W8A8)
         row_gemm_w8a8(x, M, K, (const int8_t*)L.w, L.scale, N, K, K, L.bias, out, N);
-    else if (L.kind == GGUF_Q4_1)
+    else if (L.kind == LIN_Q4_1)
         block_gemm_q4_1(x, M, K, (const uint8_t*)L.w, N, K, L.bias, out, N);
     else
         block_gemm_q8_0(x, M, K, (const uint8_t*)L.w, N, K, L.bias, out, N);
 }
 
-struct LayerWeights {
-    const float *ln1, *ln2;
-    Linear q, k, v, o, gate, up, down;
-};
-
 // h, out [M, D]; cos/sin [M, hd]; pool rows [K (Hkv x hd) | V (Hkv x hd)] (row_stride floats);
 // slots [M] pool rows of the new tokens; tables [M, table_stride], lens [M] (the new token
-// included), longest = max(lens)
+// included)
 extern "C" void llama_decode_layer_f32(const float* h, int64_t M, int64_t D, int64_t I, const LayerWeights* w,
                                        float eps, int64_t Hq, int64_t Hkv, int64_t hd, const float* cos_,
                                        const float* sin_, float* pool, int64_t row_stride, const int64_t* slots,
                                        const int64_t* tables, int64_t table_stride, const int64_t* lens,
-                                       int64_t longest, int64_t page, float scale, float* out) {
+                                       int64_t page, float scale, float* out) {
     const int64_t nq = Hq * hd, nkv = Hkv * hd;
     thread_local std::vector<float> buf;
-    buf.resize(M * (3 * D + 3 * nq + 3 * nkv + 3 * I + Hq * longest));
+    buf.resize(M * (3 * D + 3 * nq + 3 * nkv + 3 * I));
     float* x = buf.data();                 // normed rows, [M, D]
     float* h1 = x + M * D;                 // after attention, [M, D]
     float* o = h1 + M * D;                 // o_proj / down_proj out, [M, D]
@@ -105,9 +68,8 @@ extern "C" void llama_decode_layer_f32(const float* h, int64_t M, int64_t D, int
     float* g = v + M * nkv;                // [M, I]
     float* u = g + M * I;
     float* a = u + M * I;
-    float* sc = a + M * I;                 // one sequence's scores, [Hq, longest]
 
-    rms_norm_f32(h, M, D, D, w->ln1, eps, x);
+    rms_norm_f32(h, M, D, D, (const float*)w->ln1, eps, x);
     linear(w->q, x, M, D, nq, q);
     linear(w->k, x, M, D, nkv, k);
     linear(w->v, x, M, D, nkv, v);
@@ -118,17 +80,10 @@ extern "C" void llama_decode_layer_f32(const float* h, int64_t M, int64_t D, int
         for (int64_t i = 0; i < nkv; i++) row[i] = kr[m * nkv + i];
         for (int64_t i = 0; i < nkv; i++) row[nkv + i] = v[m * nkv + i];
     }
-    for (int64_t m = 0; m < M; m++) {      // one sequence at a time: its scores stay in cache
-        const int64_t* table = tables + m * table_stride;
-        paged_scores_f32(qr + m * nq, pool, row_stride, table, table_stride, lens + m, 1, Hq, Hkv, hd, page, scale,
-                         sc, longest);
-        for (int64_t hh = 0; hh < Hq; hh++) softmax_row(sc + hh * longest, lens[m]);
-        paged_values_f32(sc, pool, row_stride, table, table_stride, lens + m, 1, Hq, Hkv, hd, page, longest,
-                         att + m * nq);
-    }
+    paged_decode_f32(qr, pool, row_stride, tables, table_stride, lens, Hq, Hkv, hd, page, scale, att, 0, M * Hkv);
     linear(w->o, att, M, nq, D, o);
     add(h, o, h1, M * D);
-    rms_norm_f32(h1, M, D, D, w->ln2, eps, x);
+    rms_norm_f32(h1, M, D, D, (const float*)w->ln2, eps, x);
     linear(w->gate, x, M, D, I, g);
     linear(w->up, x, M, D, I, u);
     silu_mul(g, u, a, M * I);

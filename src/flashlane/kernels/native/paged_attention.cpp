@@ -1,78 +1,105 @@
-// Decode attention straight from a paged KV pool (float32 or bfloat16), in two halves around torch's softmax:
-// scores = q . K^T * scale over each sequence's history (padding past its length = -inf), and
-// out = probs . V. No gathered copy of the history and no per-layer view/transpose/mask ops.
+// Decode attention straight from a paged KV pool (float32 or bfloat16), one call per step: for
+// each (sequence, kv head), the scores q . K^T * scale of its query heads over the sequence's
+// history, their softmax, and probs . V, with the scores kept in a per-thread buffer (in cache
+// between the passes). No gathered copy of the history and no per-layer view/transpose/mask ops.
 // Pool rows hold [K (kv_heads x D) | V (kv_heads x D)] of one token; sequence b's token t sits in
-// row tables[b, t / page] * page + t % page. Sums run in a fixed order per (sequence, head), so a
-// sequence's result does not depend on the rest of the batch.
+// row tables[b, t / page] * page + t % page. Every sum runs in a fixed order per (sequence, head)
+// and position, so a sequence's result does not depend on the rest of the batch or on the split.
 #include "simd.h"
 #include <immintrin.h>
 #include <stdint.h>
 #include <math.h>
 
-template <typename T>
-static inline const T* row_of(const T* pool, int64_t row_stride, const int64_t* table, int64_t page, int64_t t) {
-    return pool + (table[t / page] * page + t % page) * row_stride;
-}
+#include <vector>
 
 // eight pool values as float32: float32 pools as they are, bf16 pools widened exactly
 static inline __m256 pool8(const float* p) { return _mm256_loadu_ps(p); }
 static inline __m256 pool8(const uint16_t* p) { return bf16_load8(p); }
 
-// q . k * scale for one query head and TB history rows (TB independent FMA chains keep the
-// FMA units busy; each score is one chain over d in order, whatever TB)
-template <int TB, typename T>
-static inline void dots(const float* qg, const T* const* k, int64_t D, float scale, float* out) {
-    __m256 acc[TB];
-    for (int j = 0; j < TB; j++) acc[j] = _mm256_setzero_ps();
-    for (int64_t d = 0; d < D; d += 8) {
-        const __m256 qv = _mm256_loadu_ps(qg + d);
-        for (int j = 0; j < TB; j++) acc[j] = _mm256_fmadd_ps(qv, pool8(k[j] + d), acc[j]);
+// The history rows of one sequence in order, page by page (no division per row).
+template <typename P>
+struct RowWalk {
+    const P* pool;
+    int64_t stride, page;
+    const int64_t* table;
+    int64_t p = 0, i = 0;
+    const P* next() {
+        const P* row = pool + (table[p] * page + i) * stride;
+        if (++i == page) i = 0, p++;
+        return row;
     }
-    for (int j = 0; j < TB; j++) out[j] = hsum(acc[j]) * scale;
+};
+
+// one vector's lanes summed in dots4's order (a row scored alone equals it scored in a block)
+static inline float sum_lanes1(__m256 a) {
+    const __m256 s = _mm256_hadd_ps(a, a), q = _mm256_hadd_ps(s, s);
+    return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(q), _mm256_extractf128_ps(q, 1)));
 }
 
-// q [B, Hq, D] float32; scores [B, Hq, T] (T >= every length); D a multiple of 8
-template <typename P>
-static void paged_scores(const float* q, const P* pool, int64_t row_stride, const int64_t* tables,
-                         int64_t table_stride, const int64_t* lens, int64_t B, int64_t Hq, int64_t Hkv,
-                         int64_t D, int64_t page, float scale, float* scores, int64_t T) {
-    const int64_t G = Hq / Hkv;
-    for (int64_t b = 0; b < B; b++) {
-        const int64_t* table = tables + b * table_stride;
-        const int64_t len = lens[b];
-        for (int64_t h = 0; h < Hkv; h++) {
-            const float* qh = q + (b * Hq + h * G) * D;
-            float* sh = scores + (b * Hq + h * G) * T;
-            int64_t t = 0;
-            for (; t + 4 <= len; t += 4) {
-                const P* k[4];
-                for (int j = 0; j < 4; j++) k[j] = row_of(pool, row_stride, table, page, t + j) + h * D;
-                for (int64_t g = 0; g < G; g++) dots<4>(qh + g * D, k, D, scale, sh + g * T + t);
-            }
-            for (; t < len; t++) {
-                const P* k[1] = {row_of(pool, row_stride, table, page, t) + h * D};
-                for (int64_t g = 0; g < G; g++) dots<1>(qh + g * D, k, D, scale, sh + g * T + t);
-            }
-            for (int64_t g = 0; g < G; g++)
-                for (int64_t t2 = len; t2 < T; t2++) sh[g * T + t2] = -INFINITY;
+// s[g * len + j] = q[g] . k[j] * scale for GB query heads and four rows (each a chain over d in
+// steps of 8, then the lanes summed pairs-quads-halves): each key vector is widened once for GB heads
+template <int GB, typename P>
+static inline void dots4(const float* q, int64_t D, const P* const* k, float scale, float* s, int64_t len) {
+    __m256 a[GB][4];
+    for (int g = 0; g < GB; g++)
+        for (int j = 0; j < 4; j++) a[g][j] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D; d += 8) {
+        __m256 qv[GB];
+        for (int g = 0; g < GB; g++) qv[g] = _mm256_loadu_ps(q + g * D + d);
+        for (int j = 0; j < 4; j++) {
+            const __m256 kv = pool8(k[j] + d);
+            for (int g = 0; g < GB; g++) a[g][j] = _mm256_fmadd_ps(qv[g], kv, a[g][j]);
         }
     }
+    for (int g = 0; g < GB; g++) {
+        const __m256 q4 = _mm256_hadd_ps(_mm256_hadd_ps(a[g][0], a[g][1]), _mm256_hadd_ps(a[g][2], a[g][3]));
+        const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(q4), _mm256_extractf128_ps(q4, 1));
+        _mm_storeu_ps(s + g * len, _mm_mul_ps(sums, _mm_set1_ps(scale)));
+    }
 }
 
-// out[g, d0 : d0 + 8 * NV] = sum_t probs[g, t] * V[t, d0 : ...] for GB query heads at once: each
-// V row is read once per GB heads; every output lane sums over t in order, whatever GB and NV
+template <typename P>
+static inline float dot1(const float* q, const P* k, int64_t D, float scale) {
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), pool8(k + d), a);
+    return sum_lanes1(a) * scale;
+}
+
+// p[0 : n] = softmax(s[0 : n]) in place (simd.h's exp)
+static void softmax_row(float* s, int64_t n) {
+    float m = -INFINITY;
+    for (int64_t t = 0; t < n; t++) m = s[t] > m ? s[t] : m;
+    const __m256 vm = _mm256_set1_ps(m);
+    __m256 acc = _mm256_setzero_ps();
+    int64_t t = 0;
+    for (; t + 8 <= n; t += 8) {
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + t), vm));
+        _mm256_storeu_ps(s + t, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float sum = hsum(acc);
+    for (; t < n; t++) {
+        s[t] = exp1(s[t] - m);
+        sum += s[t];
+    }
+    const __m256 inv = _mm256_set1_ps(1.0f / sum);
+    for (t = 0; t + 8 <= n; t += 8) _mm256_storeu_ps(s + t, _mm256_mul_ps(_mm256_loadu_ps(s + t), inv));
+    for (; t < n; t++) s[t] *= 1.0f / sum;
+}
+
+// o[g, d0 : d0 + 8 * NV] = sum_t p[g, t] * V[t, d0 : ...] for GB query heads at once (p rows len
+// apart, o rows D apart): each V row is read once per GB heads; every lane sums over t in order
 template <int GB, int NV, typename P>
-static inline void weighted_rows(const float* p, int64_t T, const P* pool, int64_t row_stride, const int64_t* table,
-                                 int64_t page, int64_t len, int64_t v_off, float* o, int64_t D) {
+static inline void weighted_rows(const float* p, int64_t len, RowWalk<P> rows, int64_t v_off, float* o, int64_t D) {
     __m256 acc[GB][NV];
     for (int g = 0; g < GB; g++)
         for (int i = 0; i < NV; i++) acc[g][i] = _mm256_setzero_ps();
     for (int64_t t = 0; t < len; t++) {
-        const P* v = row_of(pool, row_stride, table, page, t) + v_off;
+        const P* v = rows.next() + v_off;
         __m256 vv[NV];
         for (int i = 0; i < NV; i++) vv[i] = pool8(v + i * 8);
         for (int g = 0; g < GB; g++) {
-            const __m256 pt = _mm256_broadcast_ss(p + g * T + t);
+            const __m256 pt = _mm256_broadcast_ss(p + g * len + t);
             for (int i = 0; i < NV; i++) acc[g][i] = _mm256_fmadd_ps(pt, vv[i], acc[g][i]);
         }
     }
@@ -81,58 +108,93 @@ static inline void weighted_rows(const float* p, int64_t T, const P* pool, int64
 }
 
 template <int GB, typename P>
-static inline void heads(const float* p, int64_t T, const P* pool, int64_t row_stride, const int64_t* table,
-                         int64_t page, int64_t len, int64_t v_off, float* o, int64_t D) {
+static inline void heads(const float* p, int64_t len, const RowWalk<P>& rows, int64_t v_off, float* o, int64_t D) {
     int64_t d0 = 0;
-    for (; d0 + 32 <= D; d0 += 32) weighted_rows<GB, 4>(p, T, pool, row_stride, table, page, len, v_off + d0, o + d0, D);
-    for (; d0 < D; d0 += 8) weighted_rows<GB, 1>(p, T, pool, row_stride, table, page, len, v_off + d0, o + d0, D);
+    for (; d0 + 32 <= D; d0 += 32) weighted_rows<GB, 4>(p, len, rows, v_off + d0, o + d0, D);
+    for (; d0 < D; d0 += 8) weighted_rows<GB, 1>(p, len, rows, v_off + d0, o + d0, D);
 }
 
-// probs [B, Hq, T]; out [B, Hq, D] float32
+// The kv heads [h0, h1) of one sequence: their query heads q [Hq, D] -> o [Hq, D] (rows of the
+// heads outside untouched); s: scratch [(h1 - h0) * G, len]. The scores pass reads every row once
+// for all these heads and prefetches the row a few steps ahead, V included, so the values pass
+// (one head at a time) finds its rows in cache.
 template <typename P>
-static void paged_values(const float* probs, const P* pool, int64_t row_stride, const int64_t* tables,
-                         int64_t table_stride, const int64_t* lens, int64_t B, int64_t Hq, int64_t Hkv,
-                         int64_t D, int64_t page, int64_t T, float* out) {
-    const int64_t G = Hq / Hkv;
-    for (int64_t b = 0; b < B; b++) {
-        const int64_t* table = tables + b * table_stride;
-        const int64_t len = lens[b];
-        for (int64_t h = 0; h < Hkv; h++) {
-            const int64_t v_off = Hkv * D + h * D;
-            int64_t g = 0;
-            for (; g + 3 <= G; g += 3) {
-                const int64_t head = b * Hq + h * G + g;
-                heads<3>(probs + head * T, T, pool, row_stride, table, page, len, v_off, out + head * D, D);
-            }
-            for (; g < G; g++) {
-                const int64_t head = b * Hq + h * G + g;
-                heads<1>(probs + head * T, T, pool, row_stride, table, page, len, v_off, out + head * D, D);
+static void attend_heads(const float* q, const RowWalk<P>& start, int64_t len, int64_t h0, int64_t h1,
+                         int64_t Hkv, int64_t D, int64_t G, int64_t row_bytes, float scale, float* s, float* o) {
+    constexpr int64_t ahead = 16;   // rows
+    RowWalk<P> rows = start, next = start;
+    for (int64_t t = 0; t < len && t < ahead; t++) next.next();
+    const P* k[4];
+    int64_t t = 0;
+    for (; t < len; t += 4) {
+        const int64_t n = len - t < 4 ? len - t : 4;
+        for (int j = 0; j < n; j++) {
+            k[j] = rows.next();
+            if (t + j + ahead < len) {
+                const char* r = reinterpret_cast<const char*>(next.next());
+                for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch(r + b, _MM_HINT_T1);
             }
         }
+        for (int64_t h = h0; h < h1; h++) {
+            float* sh = s + (h - h0) * G * len + t;
+            const float* qh = q + h * G * D;
+            if (n < 4) {
+                for (int j = 0; j < n; j++)
+                    for (int64_t g = 0; g < G; g++) sh[g * len + j] = dot1(qh + g * D, k[j] + h * D, D, scale);
+                continue;
+            }
+            const P* kh[4] = {k[0] + h * D, k[1] + h * D, k[2] + h * D, k[3] + h * D};
+            int64_t g = 0;
+            for (; g + 3 <= G; g += 3) dots4<3>(qh + g * D, D, kh, scale, sh + g * len, len);
+            for (; g + 2 <= G; g += 2) dots4<2>(qh + g * D, D, kh, scale, sh + g * len, len);
+            for (; g < G; g++) dots4<1>(qh + g * D, D, kh, scale, sh + g * len, len);
+        }
+    }
+    for (int64_t i = 0; i < (h1 - h0) * G; i++) softmax_row(s + i * len, len);
+    for (int64_t h = h0; h < h1; h++) {
+        const int64_t v_off = Hkv * D + h * D;
+        const float* sh = s + (h - h0) * G * len;
+        float* oh = o + h * G * D;
+        int64_t g = 0;
+        for (; g + 3 <= G; g += 3) heads<3>(sh + g * len, len, start, v_off, oh + g * D, D);
+        for (; g < G; g++) heads<1>(sh + g * len, len, start, v_off, oh + g * D, D);
+    }
+}
+
+// q, out [B, Hq, D] float32; items [first, first + count) of the B * Hkv (sequence, kv head)
+// pairs, each sequence's run of them attended together; D a multiple of 8. A sequence of length
+// 0 gets zeros.
+template <typename P>
+static void paged_decode(const float* q, const P* pool, int64_t row_stride, const int64_t* tables,
+                         int64_t table_stride, const int64_t* lens, int64_t Hq, int64_t Hkv, int64_t D,
+                         int64_t page, float scale, float* out, int64_t first, int64_t count) {
+    const int64_t G = Hq / Hkv, row_bytes = 2 * Hkv * D * (int64_t)sizeof(P);
+    thread_local std::vector<float> scratch;
+    for (int64_t item = first; item < first + count;) {
+        const int64_t b = item / Hkv, h0 = item % Hkv;
+        const int64_t h1 = (first + count - b * Hkv) < Hkv ? first + count - b * Hkv : Hkv;
+        const int64_t len = lens[b];
+        item = b * Hkv + h1;
+        if (len <= 0) {
+            for (int64_t i = h0 * G * D; i < h1 * G * D; i++) out[b * Hq * D + i] = 0.0f;
+            continue;
+        }
+        if ((int64_t)scratch.size() < (h1 - h0) * G * len) scratch.resize((h1 - h0) * G * len);
+        const RowWalk<P> rows{pool, row_stride, page, tables + b * table_stride};
+        attend_heads(q + b * Hq * D, rows, len, h0, h1, Hkv, D, G, row_bytes, scale, scratch.data(),
+                     out + b * Hq * D);
     }
 }
 
 // float32 and bfloat16 pools (bf16 values widened exactly; the sums run in float32 either way)
-extern "C" void paged_scores_f32(const float* q, const float* pool, int64_t row_stride, const int64_t* tables,
-                                 int64_t table_stride, const int64_t* lens, int64_t B, int64_t Hq, int64_t Hkv,
-                                 int64_t D, int64_t page, float scale, float* scores, int64_t T) {
-    paged_scores(q, pool, row_stride, tables, table_stride, lens, B, Hq, Hkv, D, page, scale, scores, T);
+extern "C" void paged_decode_f32(const float* q, const float* pool, int64_t row_stride, const int64_t* tables,
+                                 int64_t table_stride, const int64_t* lens, int64_t Hq, int64_t Hkv, int64_t D,
+                                 int64_t page, float scale, float* out, int64_t first, int64_t count) {
+    paged_decode(q, pool, row_stride, tables, table_stride, lens, Hq, Hkv, D, page, scale, out, first, count);
 }
 
-extern "C" void paged_scores_bf16(const float* q, const uint16_t* pool, int64_t row_stride, const int64_t* tables,
-                                  int64_t table_stride, const int64_t* lens, int64_t B, int64_t Hq, int64_t Hkv,
-                                  int64_t D, int64_t page, float scale, float* scores, int64_t T) {
-    paged_scores(q, pool, row_stride, tables, table_stride, lens, B, Hq, Hkv, D, page, scale, scores, T);
-}
-
-extern "C" void paged_values_f32(const float* probs, const float* pool, int64_t row_stride, const int64_t* tables,
-                                 int64_t table_stride, const int64_t* lens, int64_t B, int64_t Hq, int64_t Hkv,
-                                 int64_t D, int64_t page, int64_t T, float* out) {
-    paged_values(probs, pool, row_stride, tables, table_stride, lens, B, Hq, Hkv, D, page, T, out);
-}
-
-extern "C" void paged_values_bf16(const float* probs, const uint16_t* pool, int64_t row_stride, const int64_t* tables,
-                                  int64_t table_stride, const int64_t* lens, int64_t B, int64_t Hq, int64_t Hkv,
-                                  int64_t D, int64_t page, int64_t T, float* out) {
-    paged_values(probs, pool, row_stride, tables, table_stride, lens, B, Hq, Hkv, D, page, T, out);
+extern "C" void paged_decode_bf16(const float* q, const uint16_t* pool, int64_t row_stride, const int64_t* tables,
+                                  int64_t table_stride, const int64_t* lens, int64_t Hq, int64_t Hkv, int64_t D,
+                                  int64_t page, float scale, float* out, int64_t first, int64_t count) {
+    paged_decode(q, pool, row_stride, tables, table_stride, lens, Hq, Hkv, D, page, scale, out, first, count);
 }

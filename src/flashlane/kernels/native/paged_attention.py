@@ -1,7 +1,8 @@
 """Decode attention over a float32 or bfloat16 paged KV pool without gathering it
-(``paged_attention.cpp``): scores from the pool, torch's softmax, values from the pool, in float32
-(bf16 pool values widened exactly; the output is rounded once to the query's dtype). For the
-decode rows of the dense (llama) attention; the caller keeps torch's path for anything else (see
+(``paged_attention.cpp``): per (sequence, kv head), scores, softmax and values in one native pass
+in float32 (bf16 pool values widened exactly; the output is rounded once to the query's dtype),
+the pairs split over torch's threads when there is enough history to share. For the decode rows
+of the dense (llama) attention; the caller keeps torch's path for anything else (see
 ``supports``)."""
 
 from __future__ import annotations
@@ -13,29 +14,27 @@ import torch
 
 from . import row_gemm
 from .build import load, why_unavailable
+from .row_split import run_split
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-_SCORES = [_P, _P, _I, _P, _I, _P, _I, _I, _I, _I, _I, ctypes.c_float, _P, _I]
-_VALUES = [_P, _P, _I, _P, _I, _P, _I, _I, _I, _I, _I, _I, _P]
-
-
+_DECODE = [_P, _P, _I, _P, _I, _P, _I, _I, _I, _I, ctypes.c_float, _P, _I, _I]
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}     # pool dtypes
+# history rows (x kv heads) a thread's share should read at least: below it the hand-off to the
+# helper threads costs more than the share
+_PART_ROWS = 2048
 
 
 @functools.lru_cache(maxsize=None)
-def _functions(pool_dtype: torch.dtype = torch.float32):
-    lib = load("paged_attention", row_gemm.ARCH_FLAGS)
-    suffix = _SUFFIX[pool_dtype]
-    scores, values = getattr(lib, f"paged_scores_{suffix}"), getattr(lib, f"paged_values_{suffix}")
-    scores.argtypes, scores.restype = _SCORES, None
-    values.argtypes, values.restype = _VALUES, None
-    return scores, values
+def _function(pool_dtype: torch.dtype = torch.float32):
+    fn = getattr(load("paged_attention", row_gemm.ARCH_FLAGS), f"paged_decode_{_SUFFIX[pool_dtype]}")
+    fn.argtypes, fn.restype = _DECODE, None
+    return fn
 
 
 @functools.lru_cache(maxsize=1)
 def unavailable() -> str | None:
     """Why the kernel cannot run here (None: it can): row_gemm's CPU needs, and its own build."""
-    return why_unavailable(row_gemm.cpu_unavailable(), _functions)
+    return why_unavailable(row_gemm.cpu_unavailable(), _function)
 
 
 def supports(q: torch.Tensor, pool: torch.Tensor, pool_scale: torch.Tensor | None) -> bool:
@@ -48,11 +47,9 @@ def supports(q: torch.Tensor, pool: torch.Tensor, pool_scale: torch.Tensor | Non
 
 
 def decode_attention(q: torch.Tensor, pool: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
-                     num_kv: int, page_size: int, scale: float | None = None,
-                     longest: int | None = None) -> torch.Tensor:
+                     num_kv: int, page_size: int, scale: float | None = None) -> torch.Tensor:
     """q [B, Hq, D] (one new token per sequence, already written to the pool) -> [B, Hq, D]: each
-    sequence attends over its ``lens[b]`` tokens read through ``tables[b]`` (int64; ``longest``:
-    ``max(lens)`` when the caller knows it, as an attention plan shared by all layers does)."""
+    sequence attends over its ``lens[b]`` tokens read through ``tables[b]``."""
     bsz, num_heads, d = q.shape
     if num_heads % num_kv:
         raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv} kv heads")
@@ -62,14 +59,18 @@ def decode_attention(q: torch.Tensor, pool: torch.Tensor, tables: torch.Tensor, 
         tables = tables.to(torch.int64).contiguous()
     if lens.dtype != torch.int64 or not lens.is_contiguous():
         lens = lens.to(torch.int64).contiguous()
-    t = longest if longest is not None else (int(lens.max()) if bsz else 0)
     scale = d ** -0.5 if scale is None else scale
-    scores_fn, values_fn = _functions(pool.dtype)
-    scores = torch.empty(bsz, num_heads, t, dtype=torch.float32)
-    scores_fn(q.data_ptr(), pool.data_ptr(), pool.stride(0), tables.data_ptr(), tables.stride(0), lens.data_ptr(),
-              bsz, num_heads, num_kv, d, page_size, scale, scores.data_ptr(), t)
-    probs = torch.softmax(scores, dim=-1)
+    fn = _function(pool.dtype)
     out = torch.empty(bsz, num_heads, d, dtype=torch.float32)
-    values_fn(probs.data_ptr(), pool.data_ptr(), pool.stride(0), tables.data_ptr(), tables.stride(0), lens.data_ptr(),
-              bsz, num_heads, num_kv, d, page_size, t, out.data_ptr())
+    items = bsz * num_kv
+
+    def call(first: int, count: int) -> None:
+        fn(q.data_ptr(), pool.data_ptr(), pool.stride(0), tables.data_ptr(), tables.stride(0), lens.data_ptr(),
+           num_heads, num_kv, d, page_size, scale, out.data_ptr(), first, count)
+
+    if torch.get_num_threads() > 1 and items > 1:
+        work = int(lens.sum()) * num_kv
+        run_split(call, items, max(1, -(-items * _PART_ROWS // max(work, 1))))
+    else:
+        call(0, items)
     return out if out_dtype == torch.float32 else out.to(out_dtype)

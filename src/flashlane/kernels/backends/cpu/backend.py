@@ -53,12 +53,14 @@ _INT8_KINDS = {"native": "int8", "w8a8-native": "w8a8"}
 
 def _native_linear(module, rows: int) -> decode_layer.Linear | None:
     """``module`` as the whole-layer kernel multiplies it: a linear whose plan format is native
-    (float32 weights as loaded), one on GGUF blocks, or an int8 one whose plan picks a native
-    kernel at ``rows`` rows; None for anything else (torch formats, other int8 kernels)."""
+    (float32 weights as loaded, or bf16 ones the AMX kernel takes), one on GGUF blocks, or an int8
+    one whose plan picks a native kernel at ``rows`` rows; None for anything else (torch formats,
+    other int8 kernels, bf16 weights without AMX)."""
     if getattr(module, "fmt", None) == "native":
-        if module.weight.dtype != torch.float32:      # bf16 native linears: the layer kernel is float32
-            return None
-        return decode_layer.Linear("float32", module.weight, None, module.bias)
+        w, bias = module.weight, module.bias
+        if w.dtype == torch.bfloat16 and w.shape[1] % row_gemm.AMX_K == 0 and row_gemm.amx_unavailable() is None:
+            return decode_layer.Linear("bf16", w, None, None if bias is None else bias.float())
+        return decode_layer.Linear("float32", w, None, bias) if w.dtype == torch.float32 else None
     kind = getattr(module, "kind", None)
     if kind in gguf_blocks.BYTES:              # GGUF blocks, repacked (models.gguf_blocks.GgufLinear)
         return decode_layer.Linear(kind, module.packed, None, module.bias, module.out_features)
@@ -116,9 +118,10 @@ class CpuBackend(KernelBackend):
         self._layer_tables: dict[tuple, decode_layer.LayerWeights | None] = {}
 
     def describe(self) -> str:
+        layers = "fp32, and bf16 on AMX" if decode_layer.bf16_unavailable() is None else "fp32"
         kernels = ("native decode attention (paged, in place), RMSNorm and RoPE, GGUF block linears; whole "
-                   "llama decode layers in one call where their linears are native; the KDA recurrence and "
-                   "short conv (prefill and decode) and mHC in fp32 and bf16; the indexer's prefill scores "
+                   f"llama decode layers in one call where their linears are native ({layers}); the KDA "
+                   "recurrence and short conv (prefill and decode) and mHC in fp32 and bf16; the indexer's prefill scores "
                    f"({index_scores.best_variant()}) and top-k" if self.native
                    else f"torch SDPA decode attention ({self._native_why_not or 'native kernels off'})")
         return f"{self.name}: plain-torch kernels (flashlane.kernels) on {self.device}; {kernels}"
@@ -133,13 +136,15 @@ class CpuBackend(KernelBackend):
 
     def dense_decoder_layer(self, layer, h, cos, sin, pool, pool_scale, meta, plan):
         # only where each separate op would take its native path anyway: decode rows only (one
-        # attention group), few enough for the few-row linears, float32 activations and pool,
-        # linears that are native float32 or int8 with a native kernel for this row count
+        # attention group), few enough for the few-row linears, float32 activations and pool with
+        # linears that are native float32 or int8 with a native kernel for this row count, or bf16
+        # activations and pool with native bf16 linears on AMX
         if not self.native or meta.static or len(plan.groups) != 1 or not plan.groups[0].every_row:
             return None
         rows = h.shape[0]
-        if (rows > row_gemm.MAX_ROWS or h.dtype != torch.float32 or pool_scale is not None
-                or pool.dtype != torch.float32 or pool.stride(-1) != 1 or layer.head_dim % 8
+        if (h.dtype not in (torch.float32, torch.bfloat16) or rows > row_gemm.max_rows(h.dtype)
+                or (h.dtype == torch.bfloat16 and decode_layer.bf16_unavailable() is not None)
+                or pool_scale is not None or pool.dtype != h.dtype or pool.stride(-1) != 1 or layer.head_dim % 8
                 or torch.compiler.is_compiling()
                 or row_gemm.tracks_grad(h)):
             return None
@@ -147,8 +152,8 @@ class CpuBackend(KernelBackend):
         if w is None:
             return None
         g = plan.groups[0]
-        return decode_layer.decode_layer(h, w, cos, sin, pool, meta.slot_mapping, g.tables, g.lens, g.longest,
-                                         meta.page_size, layer.head_dim ** -0.5)
+        return decode_layer.decode_layer(h, w, cos, sin, pool, meta.slot_mapping, g.tables, g.lens, meta.page_size,
+                                         layer.head_dim ** -0.5)
 
     def _layer_weights(self, layer, rows: int) -> decode_layer.LayerWeights | None:
         """The kernel's weight table for ``layer`` at ``rows`` rows (None: some linear has no native

@@ -21,11 +21,10 @@ class _Group:
     tokens: torch.Tensor          # [B, Q] flat token index
     rows: torch.Tensor            # [B, T] flat pool row of each history position
     mask: torch.Tensor | None     # [B, 1, Q, T] bool, None = plain causal from position 0
-    # decode groups (Q = 1): each sequence's block table and length (int64, contiguous) and the
-    # longest, for the in-place native path
+    # decode groups (Q = 1): each sequence's block table and length (int64, contiguous), for the
+    # in-place native path
     tables: torch.Tensor | None = None
     lens: torch.Tensor | None = None
-    longest: int = 0
     every_row: bool = False       # the group's tokens are all the forward's tokens, in order
     start: int = 0                # a prefill chunk: its first position (the cached history before it)
 
@@ -49,7 +48,7 @@ class AttentionPlan:
             tokens = torch.arange(rows.shape[0] * q, device=dev).view(-1, q)
             mask = (t <= batch.positions.view(-1, q, 1))[:, None]
             self.groups.append(_Group(tokens, rows, mask, batch.block_tables if q == 1 else None,
-                                      batch.ctx_lens_t, rows.shape[1], every_row=True))
+                                      batch.ctx_lens_t, every_row=True))
             return
         cu = [0]
         for q in batch.q_lens:
@@ -63,7 +62,7 @@ class AttentionPlan:
             mask = (t[None, :] < batch.ctx_lens_t[idx][:, None])[:, None, None, :]
             tokens = torch.tensor([cu[b] for b in decode], dtype=torch.long, device=dev)[:, None]
             self.groups.append(_Group(tokens, rows, mask, batch.block_tables[idx].contiguous(),
-                                      batch.ctx_lens_t[idx].contiguous(), t_max, every_row=len(decode) == cu[-1]))
+                                      batch.ctx_lens_t[idx].contiguous(), every_row=len(decode) == cu[-1]))
         for b, q in enumerate(batch.q_lens):
             if q <= 1:
                 continue
@@ -117,13 +116,12 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: tor
     native_decode = native_decode and paged_attention.supports(q, pool, pool_scale)
     if native_decode and len(plan.groups) == 1 and plan.groups[0].every_row and plan.groups[0].tables is not None:
         g = plan.groups[0]
-        return paged_attention.decode_attention(q, pool, g.tables, g.lens, num_kv, meta.page_size, longest=g.longest)
+        return paged_attention.decode_attention(q, pool, g.tables, g.lens, num_kv, meta.page_size)
     out = torch.empty_like(q)
     for g in plan.groups:
         if native_decode and g.tables is not None:
             tok = g.tokens.reshape(-1)
-            out[tok] = paged_attention.decode_attention(q[tok], pool, g.tables, g.lens, num_kv, meta.page_size,
-                                                        longest=g.longest)
+            out[tok] = paged_attention.decode_attention(q[tok], pool, g.tables, g.lens, num_kv, meta.page_size)
             continue
         bsz, qlen = g.tokens.shape
         kv = gather_rows(pool, pool_scale, g.rows, q.dtype).view(bsz, g.rows.shape[1], 2, num_kv, d)
