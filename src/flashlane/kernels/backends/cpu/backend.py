@@ -8,8 +8,8 @@ import torch
 
 from ... import gguf_blocks, indexer, kda, kv_store, linear_plan, mhc, moe, norm, quant_matmul, rope, short_conv, sparse_mla
 from ...compiled import compiled as compiled_fn
-from ...native import (block_gemm, decode_layer, index_scores, kda_recurrent, mhc_weights, norm_rope, paged_attention,
-                        row_gemm, top_pools)
+from ...native import (attention_merge, block_gemm, decode_layer, index_scores, kda_recurrent, mhc_weights,
+                        norm_rope, paged_attention, row_gemm, top_pools)
 from ...native import short_conv as short_conv_native
 from ...sparse_mla_expanded import prefer_expanded, sparse_mla_expanded
 from ..base import KernelBackend, VarlenBatch
@@ -104,8 +104,8 @@ class CpuBackend(KernelBackend):
         # the KDA recurrence, the short conv and mHC (float32 and bfloat16); the indexer's prefill
         # scores and top-k.
         # None: decided here, once.
-        self._native_why_not = (paged_attention.unavailable() or norm_rope.unavailable()
-                                or decode_layer.unavailable() or block_gemm.unavailable() or mhc_weights.unavailable()
+        self._native_why_not = (paged_attention.unavailable() or attention_merge.unavailable()
+                                or norm_rope.unavailable() or decode_layer.unavailable() or block_gemm.unavailable() or mhc_weights.unavailable()
                                 or kda_recurrent.unavailable() or short_conv_native.unavailable()
                                 or top_pools.unavailable() or index_scores.unavailable()
                                 if self.device.type == "cpu" else f"device {self.device}")
