@@ -188,10 +188,15 @@ def test_a_bf16_layer_needs_bf16_linears_with_amx_depth():
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=3)
 
 
+dtypes: set[torch.dtype] = set()      # the dtypes the fused layer ran in
+
+
 def _fused_calls(monkeypatch):
     calls = []
+    dtypes.clear()
     real = decode_layer.decode_layer
-    monkeypatch.setattr(decode_layer, "decode_layer", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    monkeypatch.setattr(decode_layer, "decode_layer",
+                        lambda *a, **k: calls.append(a[0].shape[0]) or dtypes.add(a[0].dtype) or real(*a, **k))
     return calls
 
 
@@ -249,6 +254,13 @@ def test_smollm2_stays_within_1e4_of_torch(monkeypatch):
     _close(plain.generate(prompts, GREEDY), got, 1e-4)
 
 
+def _bf16(m):
+    """A copy of a loaded model in bf16 (the engine keeps a given model's dtype)."""
+    m = copy.deepcopy(m)
+    m.model.to(torch.bfloat16)
+    return m
+
+
 @needs_bf16_layer
 def test_bf16_smollm2_takes_the_fused_layer_and_keeps_the_separate_ops_tokens(monkeypatch):
     """A bf16 model with native linears decodes through the bf16 layer (AMX), batched up to 16
@@ -256,12 +268,13 @@ def test_bf16_smollm2_takes_the_fused_layer_and_keeps_the_separate_ops_tokens(mo
     m = preset("smollm2-135m")
     prompts = random_prompts(3, 20, 40, 4000, seed=8)
     calls = _fused_calls(monkeypatch)
-    llm = LLM(copy.deepcopy(m), dtype="bfloat16", linear_kernel="native")
+    llm = LLM(_bf16(m), linear_kernel="native")
+    assert llm.engine.dtype == torch.bfloat16
     got = llm.generate(prompts, GREEDY)
-    assert calls and max(calls) == 3
+    assert calls and max(calls) == 3 and dtypes == {torch.bfloat16}
     _unfused(monkeypatch)
     n = len(calls)
-    separate = LLM(copy.deepcopy(m), dtype="bfloat16", linear_kernel="native")
+    separate = LLM(_bf16(m), linear_kernel="native")
     want = separate.generate(prompts, GREEDY)
     assert len(calls) == n
     agree = sum(a.token_ids == b.token_ids for a, b in zip(got, want))

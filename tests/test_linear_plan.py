@@ -144,10 +144,11 @@ def test_bf16_native_kernel_rounds_float32_sums_and_is_batch_invariant(n, k, row
 
 @needs_native_bf16
 def test_bf16_native_engine_greedy_is_the_same_batched_and_alone():
-    m = copy.deepcopy(tiny_llama())        # the engine casts a given model in place
+    m = copy.deepcopy(tiny_llama())
+    m.model.to(torch.bfloat16)             # the engine keeps a given model's dtype
     prompts = random_prompts(4, 5, 70, min(m.config.vocab_size, 4000), seed=3)
-    llm = LLM(m, dtype="bfloat16", linear_kernel="native", max_num_batched_tokens=64)
-    assert llm.engine.info.linear_kernel["format"] == "native"
+    llm = LLM(m, linear_kernel="native", max_num_batched_tokens=64)
+    assert llm.engine.dtype == torch.bfloat16 and llm.engine.info.linear_kernel["format"] == "native"
     batched = [o.token_ids for o in llm.generate(prompts[:2], GREEDY)]   # 2 decode rows: the kernel's
     assert [llm.generate([p], GREEDY)[0].token_ids for p in prompts[:2]] == batched
 

@@ -9,7 +9,7 @@ import torch
 from ... import gguf_blocks, indexer, kda, kv_store, linear_plan, mhc, moe, norm, quant_matmul, rope, short_conv, sparse_mla
 from ...compiled import compiled as compiled_fn
 from ...native import (attention_merge, block_gemm, decode_layer, index_scores, kda_recurrent, mhc_weights,
-                        norm_rope, paged_attention, row_gemm, top_pools)
+                        norm_rope, paged_attention, prefill_attention, row_gemm, top_pools)
 from ...native import short_conv as short_conv_native
 from ...sparse_mla_expanded import prefer_expanded, sparse_mla_expanded
 from ..base import KernelBackend, VarlenBatch
@@ -119,10 +119,11 @@ class CpuBackend(KernelBackend):
 
     def describe(self) -> str:
         layers = "fp32, and bf16 on AMX" if decode_layer.bf16_unavailable() is None else "fp32"
+        prefill = "; bf16 prefill attention on AMX tiles" if prefill_attention.unavailable() is None else ""
         kernels = ("native decode attention (paged, in place), RMSNorm and RoPE, GGUF block linears; whole "
                    f"llama decode layers in one call where their linears are native ({layers}); the KDA "
                    "recurrence and short conv (prefill and decode) and mHC in fp32 and bf16; the indexer's prefill scores "
-                   f"({index_scores.best_variant()}) and top-k" if self.native
+                   f"({index_scores.best_variant()}) and top-k{prefill}" if self.native
                    else f"torch SDPA decode attention ({self._native_why_not or 'native kernels off'})")
         return f"{self.name}: plain-torch kernels (flashlane.kernels) on {self.device}; {kernels}"
 

@@ -1,7 +1,9 @@
 """Dense causal GQA attention over a paged KV pool: gather plan + torch SDPA (plain-torch path).
 When the backend turned the native kernels on, decode rows of a float32 or bf16 pool read the
-pool in place (``kernels/native/paged_attention``) and a prefill chunk after cached history
-merges its two flash parts in one pass (``kernels/native/attention_merge``)."""
+pool in place (``kernels/native/paged_attention``); prefill chunks over a bf16 pool attend on
+AMX tiles straight from the pages (``kernels/native/prefill_attention``) where the CPU has AMX,
+else a chunk after cached history merges its two flash parts in one pass
+(``kernels/native/attention_merge``)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ...kv_store import gather_rows, write_rows
-from ...native import attention_merge, paged_attention
+from ...native import attention_merge, paged_attention, prefill_attention
 from ..base import VarlenBatch
 
 
@@ -28,6 +30,8 @@ class _Group:
     lens: torch.Tensor | None = None
     every_row: bool = False       # the group's tokens are all the forward's tokens, in order
     start: int = 0                # a prefill chunk: its first position (the cached history before it)
+    table: torch.Tensor | None = None   # a prefill chunk: its sequence's block table row
+    first: int = 0                # a prefill chunk: its first token in the forward
 
 
 class AttentionPlan:
@@ -75,7 +79,7 @@ class AttentionPlan:
                 t = torch.arange(ctx, device=dev)
                 p = torch.arange(start, ctx, device=dev)
                 mask = (t[None, :] <= p[:, None])[None, None]
-            self.groups.append(_Group(tokens, rows, mask, start=start))
+            self.groups.append(_Group(tokens, rows, mask, start=start, table=batch.block_tables[b], first=cu[b]))
 
     @staticmethod
     def _rows(tables: torch.Tensor, length: int, page: int) -> torch.Tensor:
@@ -122,6 +126,7 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: tor
     num_kv = k.shape[1]
     write_rows(pool, pool_scale, meta.slot_mapping, torch.cat((k.reshape(n, -1), v.reshape(n, -1)), -1))
     native_decode = native and paged_attention.supports(q, pool, pool_scale)
+    native_prefill = native and prefill_attention.supports(q, pool, pool_scale)
     if native_decode and len(plan.groups) == 1 and plan.groups[0].every_row and plan.groups[0].tables is not None:
         g = plan.groups[0]
         return paged_attention.decode_attention(q, pool, g.tables, g.lens, num_kv, meta.page_size)
@@ -132,6 +137,10 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: tor
             out[tok] = paged_attention.decode_attention(q[tok], pool, g.tables, g.lens, num_kv, meta.page_size)
             continue
         bsz, qlen = g.tokens.shape
+        if native_prefill and g.table is not None:
+            rows = slice(g.first, g.first + qlen)
+            prefill_attention.prefill_attention(q[rows], pool, g.table, g.start, num_kv, meta.page_size, out[rows])
+            continue
         kv = gather_rows(pool, pool_scale, g.rows, q.dtype).view(bsz, g.rows.shape[1], 2, num_kv, d)
         qg = q[g.tokens].transpose(1, 2)                     # [B, Hq, Q, D]
         kg = kv[:, :, 0].transpose(1, 2)                     # [B, Hkv, T, D]
