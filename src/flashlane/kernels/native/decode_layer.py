@@ -119,6 +119,8 @@ def decode_layer(h: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin: torch
     h, cos, sin = h.contiguous(), cos.float().contiguous(), sin.float().contiguous()   # bf16 values widen exactly
     slots = slots if slots.dtype == torch.int64 and slots.is_contiguous() else slots.to(torch.int64).contiguous()
     out = torch.empty_like(h)
+    if w.dtype == torch.bfloat16 and bf16_unavailable() is not None:     # also asks for the AMX tile state
+        raise RuntimeError(f"the bf16 decode layer cannot run here: {bf16_unavailable()}")
     fn = _bf16_function() if w.dtype == torch.bfloat16 else _function()
     fn(h.data_ptr(), m, w.hidden, w.intermediate, ctypes.byref(w.struct), w.eps, w.heads, w.kv_heads, w.head_dim,
        cos.data_ptr(), sin.data_ptr(), pool.data_ptr(), pool.stride(0), slots.data_ptr(), tables.data_ptr(),

@@ -20,17 +20,21 @@ MAX_HEAD_DIM = 128     # the kernel's per-row buffers
 
 
 @functools.lru_cache(maxsize=1)
-def _function():
-    fn = load("prefill_attention_amx", row_gemm.AMX_FLAGS).prefill_attention_amx
-    fn.argtypes = [_P, _I, _P, _I, _P, _I, _I, _I, _I, _I, _I, ctypes.c_float, _P, _I, _I, _I]
-    fn.restype = None
-    return fn
+def _functions():
+    lib = load("prefill_attention_amx", row_gemm.AMX_FLAGS)
+    pack, attend = lib.prefill_attention_pack, lib.prefill_attention_amx
+    pack.argtypes, pack.restype = [_P, _I, _P, _I, _I, _I, _I, _P, _P, _I, _I], None
+    attend.argtypes = [_P, _I, _P, _P, _I, _I, _I, _I, _I, ctypes.c_float, _P, _I, _I, _I, _I]
+    attend.restype = None
+    for size in (lib.prefill_keys_size, lib.prefill_values_size):
+        size.argtypes, size.restype = [_I, _I], _I
+    return pack, attend, lib.prefill_keys_size, lib.prefill_values_size
 
 
 @functools.lru_cache(maxsize=1)
 def unavailable() -> str | None:
     """Why the kernel cannot run here (None: it can): it needs AMX."""
-    return why_unavailable(row_gemm.amx_unavailable(), _function)
+    return why_unavailable(row_gemm.amx_unavailable(), _functions)
 
 
 def supports(q: torch.Tensor, pool: torch.Tensor, pool_scale: torch.Tensor | None) -> bool:
@@ -53,13 +57,26 @@ def prefill_attention(q: torch.Tensor, pool: torch.Tensor, table: torch.Tensor, 
         raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv} kv heads")
     if q.stride(2) != 1 or q.stride(1) != d or out.stride(2) != 1 or out.stride(1) != d:
         raise ValueError("q and out need contiguous heads and head dims")
+    why = unavailable()              # also asks the OS for the tile state, once
+    if why is not None:
+        raise RuntimeError(f"the AMX prefill attention cannot run here: {why}")
     table = table if table.dtype == torch.int64 and table.is_contiguous() else table.to(torch.int64).contiguous()
     scale = d ** -0.5 if scale is None else scale
-    fn = _function()
+    pack, attend, keys_size, values_size = _functions()
+    total = start + n
+    # each kv head's keys and values packed once (the heads split over the threads), into buffers
+    # every thread reads
+    keys = torch.empty(num_kv * keys_size(total, d), dtype=torch.int32)
+    values = torch.empty(num_kv * values_size(total, d), dtype=torch.int16)
+    run_split(lambda first, count: pack(pool.data_ptr(), pool.stride(0), table.data_ptr(), page_size, total, num_kv,
+                                        d, keys.data_ptr(), values.data_ptr(), first, first + count), num_kv, 1)
+    # then each kv head's query blocks in `parts` interleaved shares, so the threads get even work
+    # whatever the number of kv heads (3 heads over 2 threads would be 2 against 1)
+    parts = max(1, min(torch.get_num_threads(), -(-n // 16)))
 
     def call(first: int, count: int) -> None:
-        fn(q.data_ptr(), q.stride(0), pool.data_ptr(), pool.stride(0), table.data_ptr(), page_size, start, n,
-           num_heads, num_kv, d, scale, out.data_ptr(), out.stride(0), first, first + count)
+        attend(q.data_ptr(), q.stride(0), keys.data_ptr(), values.data_ptr(), start, n, num_heads, num_kv, d, scale,
+               out.data_ptr(), out.stride(0), parts, first, first + count)
 
-    run_split(call, num_kv, 1)
+    run_split(call, num_kv * parts, 1)
     return out

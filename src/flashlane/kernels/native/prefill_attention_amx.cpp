@@ -1,5 +1,5 @@
 // Causal attention of a bf16 prefill chunk over its sequence's paged K|V rows on AMX tiles
-// (flash-attention style): for each kv head, its keys and values are packed once into AMX's
+// (flash-attention style): each kv head's keys and values are packed once into AMX's
 // pair-interleaved layout straight from the pool's pages (no gathered copy of the history);
 // then each block of 16 query rows of each of its query heads runs over the keys in blocks of
 // 64: scores on tiles, an online softmax in float32 (AVX-512), probabilities rounded to bf16,
@@ -9,8 +9,6 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-
-#include <vector>
 
 namespace {
 constexpr int kT = 16;       // tile rows: query rows per block, keys per score tile
@@ -192,28 +190,43 @@ void attend_block(const uint16_t* q, int64_t q_stride, int64_t rows, int64_t pos
 }
 }  // namespace
 
-// q, out [Q, Hq, D] bf16 (token stride q_stride / out_stride elements), the queries at positions
-// start .. start + Q - 1 of a sequence whose K|V rows (pool rows [K (Hkv x D) | V (Hkv x D)],
-// row_stride elements) are found through table (page size page) for positions 0 .. start + Q - 1.
-// kv heads [h0, h1); D a multiple of 32, at most 128.
-extern "C" void prefill_attention_amx(const uint16_t* q, int64_t q_stride, const uint16_t* pool, int64_t row_stride,
-                                      const int64_t* table, int64_t page, int64_t start, int64_t Q, int64_t Hq,
-                                      int64_t Hkv, int64_t D, float scale, uint16_t* out, int64_t out_stride,
-                                      int64_t h0, int64_t h1) {
-    const int64_t T = start + Q, G = Hq / Hkv;
-    thread_local std::vector<uint32_t> kp;
-    thread_local std::vector<uint16_t> vp;
-    kp.resize(((T + kKv - 1) / kKv) * 4 * (D / kPair) * 256);
-    vp.resize(((T + kKv - 1) / kKv) * 2 * (D / kT) * 512);
-    configure();
+// Packed sizes per kv head (elements of uint32 keys / uint16 values) for T keys of head dim D.
+extern "C" int64_t prefill_keys_size(int64_t T, int64_t D) { return ((T + kKv - 1) / kKv) * 4 * (D / kPair) * 256; }
+extern "C" int64_t prefill_values_size(int64_t T, int64_t D) { return ((T + kKv - 1) / kKv) * 2 * (D / kT) * 512; }
+
+// Keys and values of kv heads [h0, h1) of a sequence's positions 0 .. T - 1 (pool rows
+// [K (Hkv x D) | V (Hkv x D)], row_stride elements, found through table, page size page) packed
+// into kp / vp, one prefill_*_size block per head.
+extern "C" void prefill_attention_pack(const uint16_t* pool, int64_t row_stride, const int64_t* table, int64_t page,
+                                       int64_t T, int64_t Hkv, int64_t D, uint32_t* kp, uint16_t* vp, int64_t h0,
+                                       int64_t h1) {
     for (int64_t h = h0; h < h1; h++) {
-        pack_keys(pool, row_stride, table, page, h * D, T, D, kp.data());
-        pack_values(pool, row_stride, table, page, Hkv * D + h * D, T, D, vp.data());
-        for (int64_t g = 0; g < G; g++) {
-            const int64_t head = h * G + g;
-            for (int64_t r0 = 0; r0 < Q; r0 += kT)
-                attend_block(q + r0 * q_stride + head * D, q_stride, Q - r0 < kT ? Q - r0 : kT, start + r0,
-                             kp.data(), vp.data(), D, scale, out + r0 * out_stride + head * D, out_stride);
+        pack_keys(pool, row_stride, table, page, h * D, T, D, kp + h * prefill_keys_size(T, D));
+        pack_values(pool, row_stride, table, page, Hkv * D + h * D, T, D, vp + h * prefill_values_size(T, D));
+    }
+}
+
+// q, out [Q, Hq, D] bf16 (token stride q_stride / out_stride elements), the queries at positions
+// start .. start + Q - 1, against the packed keys and values of positions 0 .. start + Q - 1.
+// Work items [first, last) of Hkv * parts: item i is kv head i / parts and its query blocks
+// b = i % parts, i % parts + parts, ... (interleaved, so the parts of a causal chunk cost
+// alike). D a multiple of 32, at most 128.
+extern "C" void prefill_attention_amx(const uint16_t* q, int64_t q_stride, const uint32_t* kp, const uint16_t* vp,
+                                      int64_t start, int64_t Q, int64_t Hq, int64_t Hkv, int64_t D, float scale,
+                                      uint16_t* out, int64_t out_stride, int64_t parts, int64_t first, int64_t last) {
+    const int64_t T = start + Q, G = Hq / Hkv, blocks = (Q + kT - 1) / kT;
+    configure();
+    for (int64_t item = first; item < last; item++) {
+        const int64_t h = item / parts;
+        const uint32_t* kh = kp + h * prefill_keys_size(T, D);
+        const uint16_t* vh = vp + h * prefill_values_size(T, D);
+        for (int64_t b = item % parts; b < blocks; b += parts) {
+            const int64_t r0 = b * kT;
+            for (int64_t g = 0; g < G; g++) {
+                const int64_t head = h * G + g;
+                attend_block(q + r0 * q_stride + head * D, q_stride, Q - r0 < kT ? Q - r0 : kT, start + r0, kh, vh,
+                             D, scale, out + r0 * out_stride + head * D, out_stride);
+            }
         }
     }
     _tile_release();
