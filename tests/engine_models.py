@@ -3,6 +3,7 @@ tokenizer (always available), and the presets (tiny-flash, tiny-standard, smollm
 
 from __future__ import annotations
 
+import copy
 import functools
 from types import SimpleNamespace
 
@@ -43,6 +44,13 @@ def preset(name: str):
     from flashlane.models.registry import load_model
 
     return load_model(name, dtype="float32")
+
+
+def bf16_copy(m):
+    """A copy of a loaded model in bf16 (the engine keeps a given model's dtype)."""
+    m = copy.deepcopy(m)
+    m.model.to(torch.bfloat16)
+    return m
 
 
 def random_prompts(n: int, lo: int, hi: int, vocab: int, seed: int = 0) -> list[list[int]]:

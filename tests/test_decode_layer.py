@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine_models import preset, random_prompts, tiny_llama
+from engine_models import bf16_copy, preset, random_prompts, tiny_llama
 from test_paged_attention import _reference as gather_and_sdpa
 from flashlane.engine.llm import LLM
 from flashlane.engine.sampling_params import SamplingParams
@@ -254,13 +254,6 @@ def test_smollm2_stays_within_1e4_of_torch(monkeypatch):
     _close(plain.generate(prompts, GREEDY), got, 1e-4)
 
 
-def _bf16(m):
-    """A copy of a loaded model in bf16 (the engine keeps a given model's dtype)."""
-    m = copy.deepcopy(m)
-    m.model.to(torch.bfloat16)
-    return m
-
-
 @needs_bf16_layer
 def test_bf16_smollm2_takes_the_fused_layer_and_keeps_the_separate_ops_tokens(monkeypatch):
     """A bf16 model with native linears decodes through the bf16 layer (AMX), batched up to 16
@@ -268,13 +261,13 @@ def test_bf16_smollm2_takes_the_fused_layer_and_keeps_the_separate_ops_tokens(mo
     m = preset("smollm2-135m")
     prompts = random_prompts(3, 20, 40, 4000, seed=8)
     calls = _fused_calls(monkeypatch)
-    llm = LLM(_bf16(m), linear_kernel="native")
+    llm = LLM(bf16_copy(m), linear_kernel="native")
     assert llm.engine.dtype == torch.bfloat16
     got = llm.generate(prompts, GREEDY)
     assert calls and max(calls) == 3 and dtypes == {torch.bfloat16}
     _unfused(monkeypatch)
     n = len(calls)
-    separate = LLM(_bf16(m), linear_kernel="native")
+    separate = LLM(bf16_copy(m), linear_kernel="native")
     want = separate.generate(prompts, GREEDY)
     assert len(calls) == n
     agree = sum(a.token_ids == b.token_ids for a, b in zip(got, want))

@@ -4,13 +4,11 @@ causal mask; its split over threads; what it declines; and the engine with it ag
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-from engine_models import preset, random_prompts
+from engine_models import bf16_copy, preset, random_prompts
 from flashlane.engine.llm import LLM
 from flashlane.engine.sampling_params import SamplingParams
 from flashlane.kernels.backends.cpu import dense_attention
@@ -92,13 +90,6 @@ def test_what_it_declines():
         assert prefill_attention.supports(q, pool, None)
 
 
-def _bf16(m):
-    """A copy of a loaded model in bf16 (the engine keeps a given model's dtype)."""
-    m = copy.deepcopy(m)
-    m.model.to(torch.bfloat16)
-    return m
-
-
 @needs_amx
 def test_engine_prefill_through_it_keeps_the_greedy_tokens(monkeypatch):
     """SmolLM2 in bf16, prompts in several chunks and a prefix-cache hit: the kernel runs, and the
@@ -110,12 +101,12 @@ def test_engine_prefill_through_it_keeps_the_greedy_tokens(monkeypatch):
     calls = []
     real = prefill_attention.prefill_attention
     monkeypatch.setattr(prefill_attention, "prefill_attention", lambda *a, **k: calls.append(a[3]) or real(*a, **k))
-    llm = LLM(_bf16(m), max_num_batched_tokens=64)
+    llm = LLM(bf16_copy(m), max_num_batched_tokens=64)
     got = [llm.generate([p], greedy)[0].token_ids for p in prompts]
     assert calls and max(calls) > 0                       # chunks after history, and a cache hit
     monkeypatch.setattr(dense_attention.prefill_attention, "supports", lambda *a: False)
     n = len(calls)
-    plain = LLM(_bf16(m), max_num_batched_tokens=64)
+    plain = LLM(bf16_copy(m), max_num_batched_tokens=64)
     want = [plain.generate([p], greedy)[0].token_ids for p in prompts]
     assert len(calls) == n
     assert sum(a == b for a, b in zip(got, want)) >= 2, (got, want)

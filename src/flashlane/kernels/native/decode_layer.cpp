@@ -55,19 +55,9 @@ extern "C" void llama_decode_layer_f32(const float* h, int64_t M, int64_t D, int
                                        int64_t page, float scale, float* out) {
     const int64_t nq = Hq * hd, nkv = Hkv * hd;
     thread_local std::vector<float> buf;
-    buf.resize(M * (3 * D + 3 * nq + 3 * nkv + 3 * I));
-    float* x = buf.data();                 // normed rows, [M, D]
-    float* h1 = x + M * D;                 // after attention, [M, D]
-    float* o = h1 + M * D;                 // o_proj / down_proj out, [M, D]
-    float* q = o + M * D;                  // [M, nq], then RoPE'd into qr
-    float* qr = q + M * nq;
-    float* att = qr + M * nq;              // attention out, [M, nq]
-    float* k = att + M * nq;               // [M, nkv], then RoPE'd into kr
-    float* kr = k + M * nkv;
-    float* v = kr + M * nkv;
-    float* g = v + M * nkv;                // [M, I]
-    float* u = g + M * I;
-    float* a = u + M * I;
+    const LayerScratch<float> s(buf, M, D, nq, nkv, I);
+    float *x = s.x, *h1 = s.h1, *o = s.o, *q = s.q, *qr = s.qr, *att = s.att, *k = s.k, *kr = s.kr, *v = s.v,
+          *g = s.g, *u = s.u, *a = s.a;
 
     rms_norm_f32(h, M, D, D, (const float*)w->ln1, eps, x);
     linear(w->q, x, M, D, nq, q);

@@ -49,20 +49,10 @@ extern "C" void llama_decode_layer_bf16(const uint16_t* h, int64_t M, int64_t D,
     const int64_t nq = Hq * hd, nkv = Hkv * hd;
     thread_local std::vector<uint16_t> buf;
     thread_local std::vector<float> wide;
-    buf.resize(M * (3 * D + 3 * nq + 3 * nkv + 3 * I));
+    const LayerScratch<uint16_t> s(buf, M, D, nq, nkv, I);
+    uint16_t *x = s.x, *h1 = s.h1, *o = s.o, *q = s.q, *qr = s.qr, *att = s.att, *k = s.k, *kr = s.kr, *v = s.v,
+             *g = s.g, *u = s.u, *a = s.a;
     wide.resize(2 * M * nq);
-    uint16_t* x = buf.data();              // normed rows, [M, D]
-    uint16_t* h1 = x + M * D;              // after attention, [M, D]
-    uint16_t* o = h1 + M * D;              // o_proj / down_proj out, [M, D]
-    uint16_t* q = o + M * D;               // [M, nq], then RoPE'd into qr
-    uint16_t* qr = q + M * nq;
-    uint16_t* att = qr + M * nq;           // attention out, [M, nq]
-    uint16_t* k = att + M * nq;            // [M, nkv], then RoPE'd into kr
-    uint16_t* kr = k + M * nkv;
-    uint16_t* v = kr + M * nkv;
-    uint16_t* g = v + M * nkv;             // [M, I]
-    uint16_t* u = g + M * I;
-    uint16_t* a = u + M * I;
     float* qf = wide.data();               // qr widened, [M, nq]
     float* attf = qf + M * nq;             // attention out in float32, [M, nq]
 

@@ -5,43 +5,23 @@
 // 64: scores on tiles, an online softmax in float32 (AVX-512), probabilities rounded to bf16,
 // values on tiles, float32 accumulation; blocks past a row's position are skipped. The chunk's
 // own K|V are in the pool already. Built with -mamx-tile -mamx-bf16 -mavx512f -mavx512bf16.
-#include <immintrin.h>
+#include "amx.h"
+
 #include <math.h>
-#include <stdint.h>
-#include <string.h>
 
 namespace {
 constexpr int kT = 16;       // tile rows: query rows per block, keys per score tile
 constexpr int kKv = 64;      // keys per block: four score tiles
 constexpr int kPair = 32;    // bf16 values of k per tile row
 
-struct TileConfig {
-    uint8_t palette = 1, start_row = 0, reserved[14] = {};
-    uint16_t colsb[16] = {};
-    uint8_t rows[16] = {};
-};
-
 // tiles 0-3: four 16 x 16 float32 blocks (scores, then values); 4: queries or probabilities; 5: keys or values
-void configure() {
-    TileConfig cfg;
-    for (int t = 0; t < 6; t++) {
-        cfg.rows[t] = kT;
-        cfg.colsb[t] = 64;
-    }
-    _tile_loadconfig(&cfg);
-}
+void configure() { configure_tiles(6); }
 
 inline void zero4() {
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
-}
-
-inline uint16_t to_bf16(float x) {
-    uint32_t b;
-    memcpy(&b, &x, 4);
-    return static_cast<uint16_t>((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
 }
 
 // 2^x for x <= 0 (x >= -126 after the clamp): 2^n * 2^f, f in [-0.5, 0.5], 2^f by a degree-6

@@ -24,7 +24,7 @@ MAX_ROWS = 16          # measured: ahead of MKL up to 16 rows, behind it at 32 (
 # Rapids, SmolLM2's matrices); with weights that are not in cache, parity at 2 and 1.5-2.4x at 4-16:
 # past 2 rows torch's bf16 GEMM (oneDNN, AMX here) wins
 BF16_MAX_ROWS = 2
-# AMX: 0.25-0.35x torch's time at every row count from 1 to 16, and 0.6-0.9x the dot-product
+# AMX: 0.25-0.35x torch's time at every row count from 1 to 16, and 0.55-0.85x the dot-product
 # kernel's at 1-2 rows (1 thread, Sapphire Rapids, SmolLM2's matrices); 16 rows fill a tile
 AMX_MAX_ROWS = 16
 AMX_K = 32             # the tile's k depth: K must be a multiple

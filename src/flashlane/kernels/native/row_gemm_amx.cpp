@@ -8,9 +8,8 @@
 // row's result does not depend on which other rows share the call (batch-invariant). Float32
 // sums; the bias (float32) is added and the result rounded to bf16 once, as torch rounds.
 // Built with -mamx-tile -mamx-bf16; the caller checks the CPU flags and calls amx_enable first.
-#include <immintrin.h>
-#include <stdint.h>
-#include <string.h>
+#include "amx.h"
+
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -20,27 +19,8 @@ namespace {
 constexpr int kRows = 16;            // tile rows: output features per tile, and x rows per call
 constexpr int kK = 32;               // bf16 values of k per tile row (64 bytes)
 
-struct TileConfig {
-    uint8_t palette = 1, start_row = 0, reserved[14] = {};
-    uint16_t colsb[16] = {};
-    uint8_t rows[16] = {};
-};
-
-inline uint16_t to_bf16(float x) {   // round to nearest even (finite values), as torch does
-    uint32_t b;
-    memcpy(&b, &x, 4);
-    return static_cast<uint16_t>((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
-}
-
 // tiles 0-3: sums of four blocks of 16 features x 16 rows; 4-5: W blocks; 6: the packed rows
-void configure() {
-    TileConfig cfg;
-    for (int t = 0; t < 7; t++) {
-        cfg.rows[t] = kRows;
-        cfg.colsb[t] = 64;
-    }
-    _tile_loadconfig(&cfg);
-}
+void configure() { configure_tiles(7); }
 
 // out[m, n0 + r] = bf16(sums[r, m] + bias) for the call's rows m < M and features r < nr
 inline void store_block(const float* sums, int64_t M, int64_t nr, const float* bias, uint16_t* C, int64_t ldc) {
