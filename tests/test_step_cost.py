@@ -237,6 +237,10 @@ def test_calibrate_fits_the_engine_and_writes_a_calibration_that_checks_machine_
     other = "AVX512" if here["cpu_capability"] != "AVX512" else "AVX2"
     _, warned = load_calibration(out, machine={**here, "cpu_capability": other}, mode=mode, strict=False)
     assert warned and "cpu_capability" in warned[0]
+    # step costs measured by other engine code (kernels, models, engine) describe another engine
+    assert raw["machine"]["engine_code"] == here["engine_code"]
+    with pytest.raises(ValueError, match="machine engine_code"):
+        load_calibration(out, machine={**here, "engine_code": "0123456789ab"}, mode=mode)
 
     # --front-end-only: the front end measured anew on the calibration's mode, the fitted step costs kept
     again = tmp_path / "again.json"
@@ -331,3 +335,24 @@ def test_a_record_with_drafts_gives_its_verify_rows_and_mtp_pass():
         StepShape.from_record({**rec, "seq_draft_tokens": [1]})
     old = StepShape.from_record({k: v for k, v in rec.items() if not k.startswith("draft") and k != "seq_draft_tokens"})
     assert old.verify == () and old.prefill == ((4, 100), (30, 0), (3, 60)) and old.draft_calls == 0
+
+
+def test_the_engine_code_fingerprint_follows_the_sources_and_nothing_else(tmp_path):
+    from flashlane.machine import code_fingerprint, engine_code
+
+    native = tmp_path / "kernels" / "native"
+    native.mkdir(parents=True)
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "engine" / "core.py").write_text("step = 1\n")
+    (native / "k.cpp").write_text("int k() { return 1; }\n")
+    first = code_fingerprint(tmp_path)
+    assert len(first) == 12 and int(first, 16) >= 0
+    (native / "notes.txt").write_text("not code")                    # not a source
+    (tmp_path / "engine" / "__pycache__").mkdir()
+    (tmp_path / "engine" / "__pycache__" / "core.py").write_text("cached")
+    (tmp_path / "cli").mkdir()
+    (tmp_path / "cli" / "main.py").write_text("front end")          # outside the engine
+    assert code_fingerprint(tmp_path) == first
+    (native / "k.cpp").write_text("int k() { return 2; }\n")        # a kernel changed
+    assert code_fingerprint(tmp_path) != first
+    assert len(engine_code()) == 12

@@ -1,8 +1,9 @@
 """A step-cost calibration on disk: the fitted coefficients of one model on one machine in one
 engine mode, with the machine, the mode, the grid it was measured on and the fit's residuals.
 
-A calibration only describes the machine and mode it was measured in, so reading one checks
-both: another CPU model or vector capability, or another engine mode (dtype, kv-cache dtype,
+A calibration only describes the machine, code and mode it was measured in, so reading one checks
+them: another CPU model or vector capability, other engine code (``machine.engine_code``: the
+engine's, models' and kernels' sources), or another engine mode (dtype, kv-cache dtype,
 quantisation, static graphs, kernel backend, threads, speculative decoding's method and draft
 count), is refused naming the field, unless the caller asks only for warnings. A file written by
 a newer schema is always refused. A calibration measured without speculative decoding has no
@@ -19,7 +20,8 @@ from ..config import ModelConfig
 from .step_cost import DRAFT_TERMS, TERMS, StepCostModel, StepWork
 
 SCHEMA = 1
-MACHINE_KEYS = ("cpu_model", "cpu_capability", "cuda")      # a different value: another machine
+# a different value: another machine, or other engine code (the step costs were not its)
+MACHINE_KEYS = ("cpu_model", "cpu_capability", "cuda", "engine_code")
 MODE_KEYS = ("dtype", "kv_cache_dtype", "quantization", "compile", "kernel_backend", "num_threads",
              "linear_kernel", "speculative")
 
