@@ -92,3 +92,11 @@ def test_native_merge_equals_the_log_sum_exp_formula_in_any_layout(dtype):
     torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)
     assert attention_merge.merge(o1.half(), l1, o2.half(), l2) is None
     assert attention_merge.merge(o1, l1, o2.contiguous(), l2) is None or o1.is_contiguous()
+
+
+def test_the_plan_sums_the_decode_history_once_for_every_layer():
+    """Decode groups carry their lengths' sum, which the native kernel's thread split reads
+    instead of summing the lengths tensor again in every layer."""
+    meta = _batch([1, 40, 1], [50, 140, 7], 16, 64, torch.Generator().manual_seed(1))
+    decode = [g for g in dense.AttentionPlan(meta).groups if g.tables is not None]
+    assert len(decode) == 1 and decode[0].history == 57 == int(decode[0].lens.sum())

@@ -1,7 +1,7 @@
 // Decode attention straight from a paged KV pool (float32 or bfloat16), one call per step: for
-// each (sequence, kv head), the scores q . K^T * scale of its query heads over the sequence's
-// history, their softmax, and probs . V, with the scores kept in a per-thread buffer (in cache
-// between the passes). No gathered copy of the history and no per-layer view/transpose/mask ops.
+// each sequence (or the run of its kv heads a thread's share holds), the scores q . K^T * scale of
+// those heads' query heads over the sequence's history in one pass over its rows, their softmax,
+// and probs . V while the rows are in cache, with the scores kept in a per-thread buffer. No gathered copy of the history and no per-layer view/transpose/mask ops.
 // Pool rows hold [K (kv_heads x D) | V (kv_heads x D)] of one token; sequence b's token t sits in
 // row tables[b, t / page] * page + t % page. Every sum runs in a fixed order per (sequence, head)
 // and position, so a sequence's result does not depend on the rest of the batch or on the split.

@@ -1,7 +1,7 @@
 """Decode attention over a float32 or bfloat16 paged KV pool without gathering it
-(``paged_attention.cpp``): per (sequence, kv head), scores, softmax and values in one native pass
-in float32 (bf16 pool values widened exactly; the output is rounded once to the query's dtype),
-the pairs split over torch's threads when there is enough history to share. For the decode rows
+(``paged_attention.cpp``): per sequence, scores, softmax and values in one native call in float32
+(bf16 pool values widened exactly; the output is rounded once to the query's dtype), the
+(sequence, kv head) pairs split over torch's threads when there is enough history to share. For the decode rows
 of the dense (llama) attention; the caller keeps torch's path for anything else (see
 ``supports``)."""
 
@@ -47,9 +47,11 @@ def supports(q: torch.Tensor, pool: torch.Tensor, pool_scale: torch.Tensor | Non
 
 
 def decode_attention(q: torch.Tensor, pool: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
-                     num_kv: int, page_size: int, scale: float | None = None) -> torch.Tensor:
+                     num_kv: int, page_size: int, scale: float | None = None,
+                     history: int | None = None) -> torch.Tensor:
     """q [B, Hq, D] (one new token per sequence, already written to the pool) -> [B, Hq, D]: each
-    sequence attends over its ``lens[b]`` tokens read through ``tables[b]``."""
+    sequence attends over its ``lens[b]`` tokens read through ``tables[b]`` (``history``:
+    ``sum(lens)`` when the caller knows it, as an attention plan shared by all layers does)."""
     bsz, num_heads, d = q.shape
     if num_heads % num_kv:
         raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv} kv heads")
@@ -69,7 +71,7 @@ def decode_attention(q: torch.Tensor, pool: torch.Tensor, tables: torch.Tensor, 
            num_heads, num_kv, d, page_size, scale, out.data_ptr(), first, count)
 
     if torch.get_num_threads() > 1 and items > 1:
-        work = int(lens.sum()) * num_kv
+        work = (int(lens.sum()) if history is None else history) * num_kv
         run_split(call, items, max(1, -(-items * _PART_ROWS // max(work, 1))))
     else:
         call(0, items)

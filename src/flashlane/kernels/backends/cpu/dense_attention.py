@@ -24,10 +24,11 @@ class _Group:
     tokens: torch.Tensor          # [B, Q] flat token index
     rows: torch.Tensor            # [B, T] flat pool row of each history position
     mask: torch.Tensor | None     # [B, 1, Q, T] bool, None = plain causal from position 0
-    # decode groups (Q = 1): each sequence's block table and length (int64, contiguous), for the
-    # in-place native path
+    # decode groups (Q = 1): each sequence's block table and length (int64, contiguous) and the
+    # lengths' sum, for the in-place native path
     tables: torch.Tensor | None = None
     lens: torch.Tensor | None = None
+    history: int | None = None
     every_row: bool = False       # the group's tokens are all the forward's tokens, in order
     start: int = 0                # a prefill chunk: its first position (the cached history before it)
     table: torch.Tensor | None = None   # a prefill chunk: its sequence's block table row
@@ -67,7 +68,8 @@ class AttentionPlan:
             mask = (t[None, :] < batch.ctx_lens_t[idx][:, None])[:, None, None, :]
             tokens = torch.tensor([cu[b] for b in decode], dtype=torch.long, device=dev)[:, None]
             self.groups.append(_Group(tokens, rows, mask, batch.block_tables[idx].contiguous(),
-                                      batch.ctx_lens_t[idx].contiguous(), every_row=len(decode) == cu[-1]))
+                                      batch.ctx_lens_t[idx].contiguous(), sum(batch.ctx_lens[b] for b in decode),
+                                      every_row=len(decode) == cu[-1]))
         for b, q in enumerate(batch.q_lens):
             if q <= 1:
                 continue
@@ -130,12 +132,13 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: tor
     native_prefill = native and prefill_attention.supports(q, pool, pool_scale)
     if native_decode and len(plan.groups) == 1 and plan.groups[0].every_row and plan.groups[0].tables is not None:
         g = plan.groups[0]
-        return paged_attention.decode_attention(q, pool, g.tables, g.lens, num_kv, meta.page_size)
+        return paged_attention.decode_attention(q, pool, g.tables, g.lens, num_kv, meta.page_size, history=g.history)
     out = torch.empty_like(q)
     for g in plan.groups:
         if native_decode and g.tables is not None:
             tok = g.tokens.reshape(-1)
-            out[tok] = paged_attention.decode_attention(q[tok], pool, g.tables, g.lens, num_kv, meta.page_size)
+            out[tok] = paged_attention.decode_attention(q[tok], pool, g.tables, g.lens, num_kv, meta.page_size,
+                                                        history=g.history)
             continue
         bsz, qlen = g.tokens.shape
         if native_prefill and g.table is not None:
