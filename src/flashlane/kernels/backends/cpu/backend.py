@@ -100,12 +100,14 @@ class CpuBackend(KernelBackend):
         self._rope_tables: dict[tuple[int, float], rope.RopeCache] = {}
         # flashlane's native kernels (kernels/native) for eager work where they build on this
         # CPU: dense decode attention read from the paged pool in place, RMSNorm and rotate-half
-        # RoPE (float32 and bfloat16), GGUF block linears and whole llama decode layers (float32);
-        # the KDA recurrence, the short conv and mHC (float32 and bfloat16); the indexer's prefill
-        # scores and top-k.
+        # RoPE (float32 and bfloat16), GGUF block linears, whole llama decode layers (float32, and
+        # bf16 where the CPU has AMX), the merge of a prefill chunk's two attention parts; the KDA
+        # recurrence, the short conv and mHC (float32 and bfloat16); the indexer's prefill scores
+        # and top-k. The AMX kernels (bf16 layers, bf16 prefill attention) are optional on top.
         # None: decided here, once.
         self._native_why_not = (paged_attention.unavailable() or attention_merge.unavailable()
-                                or norm_rope.unavailable() or decode_layer.unavailable() or block_gemm.unavailable() or mhc_weights.unavailable()
+                                or norm_rope.unavailable() or decode_layer.unavailable() or block_gemm.unavailable()
+                                or mhc_weights.unavailable()
                                 or kda_recurrent.unavailable() or short_conv_native.unavailable()
                                 or top_pools.unavailable() or index_scores.unavailable()
                                 if self.device.type == "cpu" else f"device {self.device}")
@@ -122,8 +124,8 @@ class CpuBackend(KernelBackend):
         prefill = "; bf16 prefill attention on AMX tiles" if prefill_attention.unavailable() is None else ""
         kernels = ("native decode attention (paged, in place), RMSNorm and RoPE, GGUF block linears; whole "
                    f"llama decode layers in one call where their linears are native ({layers}); the KDA "
-                   "recurrence and short conv (prefill and decode) and mHC in fp32 and bf16; the indexer's prefill scores "
-                   f"({index_scores.best_variant()}) and top-k{prefill}" if self.native
+                   "recurrence and short conv (prefill and decode) and mHC in fp32 and bf16; the indexer's "
+                   f"prefill scores ({index_scores.best_variant()}) and top-k{prefill}" if self.native
                    else f"torch SDPA decode attention ({self._native_why_not or 'native kernels off'})")
         return f"{self.name}: plain-torch kernels (flashlane.kernels) on {self.device}; {kernels}"
 
