@@ -2,7 +2,7 @@
 reference, batch-invariant, torch's linear beyond its rows; RMSNorm and RoPE (``norm_rope.cpp``)
 against their torch formulas; the mHC weights (``mhc_weights.cpp``) against theirs; the KDA
 recurrence (``kda_recurrent.cpp``) and the short convolution (``short_conv.cpp``) against the
-torch ones; and the build's failure reasons. (Decode attention:
+torch ones; bf16 SwiGLU (``swiglu.cpp``) against torch's; and the build's failure reasons. (Decode attention:
 test_paged_attention.py.)"""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flashlane.kernels import kda, norm, rope, short_conv
+from flashlane.kernels import kda, moe, norm, rope, short_conv
 from flashlane.kernels.mhc import hc_post, hc_pre, hc_weights
-from flashlane.kernels.native import build, kda_recurrent, mhc_weights, norm_rope, row_gemm
+from flashlane.kernels.native import build, kda_recurrent, mhc_weights, norm_rope, row_gemm, swiglu
 from flashlane.kernels.native import short_conv as short_conv_native
 
 def _needs(kernel):
@@ -212,6 +212,59 @@ def test_norm_and_rope_decline_what_is_not_their_case():
     assert norm_rope.rope_rotate_half(q, torch.randn(2, 6), torch.randn(2, 6)) is None
     assert norm_rope.rope_rotate_half(q.double(), torch.randn(2, 8), torch.randn(2, 8)) is None
     assert norm_rope.rope_rotate_half(torch.randn(2, 3, 7), torch.randn(2, 7), torch.randn(2, 7)) is None
+
+
+# ---- SwiGLU (swiglu.cpp) --------------------------------------------------------------------------
+
+needs_swiglu = _needs(swiglu)
+VARIANTS = [pytest.param(v, marks=pytest.mark.skipif(swiglu.unavailable(v) is not None,
+                                                     reason=f"swiglu {v} unavailable: {swiglu.unavailable(v)}"))
+            for v in ("avx2", "avx512")]
+
+
+@needs_swiglu
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("shape", [(7, 1536), (3, 5, 37), (1, 1)])
+@pytest.mark.parametrize("limit", [None, 7.0, 0.3])
+def test_bf16_swiglu_equals_torch_bit_for_bit(variant, shape, limit):
+    """SiLU rounded to bf16, then the product rounded, as torch's bf16 ops do (the clamped variant
+    with its clamps rounded too); every lane and the ragged tail alike, in either build."""
+    g = torch.Generator().manual_seed(len(shape) * 7 + shape[-1])
+    gate, up = (torch.randn(*shape, generator=g) * 6).bfloat16(), (torch.randn(*shape, generator=g) * 3).bfloat16()
+    got = swiglu.swiglu(gate, up, limit, variant)
+    assert got.dtype == torch.bfloat16 and got.shape == gate.shape
+    assert torch.equal(got, moe.swiglu(gate, up, limit))
+
+
+@needs_swiglu
+def test_bf16_swiglu_takes_the_halves_of_a_fused_gate_up_and_splits_rows_over_threads():
+    g = torch.Generator().manual_seed(3)
+    gate_up = (torch.randn(300, 2 * 1000, generator=g) * 4).bfloat16()
+    gate, up = gate_up.chunk(2, dim=-1)                      # row stride 2000, inner stride 1
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        got = swiglu.swiglu(gate, up)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(got, moe.swiglu(gate, up))
+
+
+def test_swiglu_declines_what_is_not_its_case_and_the_backend_falls_back():
+    from flashlane.kernels.backends.cpu.backend import CpuBackend
+    from flashlane.kernels.cpu_caps import CpuCaps
+
+    x = torch.randn(4, 8)
+    assert swiglu.swiglu(x, x) is None                                        # float32: torch's
+    assert swiglu.swiglu(x.bfloat16(), x.half()) is None
+    assert swiglu.swiglu(x.bfloat16(), x.bfloat16()[:, :4]) is None
+    assert swiglu.swiglu(x.bfloat16().t(), x.bfloat16().t()) is None          # inner stride not 1
+    assert swiglu.swiglu(x.bfloat16(), x.bfloat16(), float("nan")) is None
+    assert swiglu.swiglu(x.bfloat16().requires_grad_(), x.bfloat16()) is None
+    assert torch.equal(CpuBackend().swiglu(x, x, 2.0), moe.swiglu(x, x, 2.0))
+    avx2_only = CpuCaps("AVX2", frozenset({"avx2", "fma", "f16c"}))
+    assert swiglu.cpu_unavailable("avx512", avx2_only) == "the CPU lacks avx512f"
+    assert swiglu.cpu_unavailable("avx2", avx2_only) is None
 
 
 # ---- mHC weights (mhc_weights.cpp) ----------------------------------------------------------------
@@ -451,6 +504,6 @@ def test_every_native_kernel_builds_where_the_cpu_and_a_compiler_allow():
     from flashlane.kernels.native import block_gemm, decode_layer, paged_attention
 
     kernels = (row_gemm, norm_rope, paged_attention, decode_layer, block_gemm, mhc_weights, kda_recurrent,
-               short_conv_native)
+               short_conv_native, swiglu)
     assert {k.__name__: k.unavailable() for k in kernels} == {k.__name__: None for k in kernels}
     assert CpuBackend().native

@@ -49,32 +49,34 @@ def route(x: torch.Tensor, router_weight: torch.Tensor, correction_bias: torch.T
 
 def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                     gate_up: torch.Tensor, down: torch.Tensor,
-                    swiglu_limit: float | None = None) -> torch.Tensor:
+                    swiglu_limit: float | None = None, act=None) -> torch.Tensor:
     """Weighted sum of the chosen experts: x [N, H], weights/ids [N, k], gate_up [E, 2I, H]
-    (gate rows first), down [E, H, I] -> [N, H] in x's dtype."""
+    (gate rows first), down [E, H, I] -> [N, H] in x's dtype. ``act(gate, up, limit)``: the
+    backend's SwiGLU (default ``swiglu``)."""
     if torch.compiler.is_compiling():
         return experts_fixed_shape(x, weights, ids, gate_up, down, swiglu_limit)
+    act = act or swiglu
 
     def expert(e: int, xs: torch.Tensor) -> torch.Tensor:
         gate, up = F.linear(xs, gate_up[e]).chunk(2, dim=-1)
-        return F.linear(swiglu(gate, up, swiglu_limit), down[e])
+        return F.linear(act(gate, up, swiglu_limit), down[e])
     return _dispatch(x, weights, ids, gate_up.shape[0], expert)
 
 
 def grouped_experts_int8(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                          gate_up_q: torch.Tensor, gate_up_scale: torch.Tensor,
                          down_q: torch.Tensor, down_scale: torch.Tensor,
-                         swiglu_limit: float | None = None, linear=None) -> torch.Tensor:
+                         swiglu_limit: float | None = None, linear=None, act=None) -> torch.Tensor:
     """``grouped_experts`` on int8 experts: gate_up_q [E, 2I, H] / down_q [E, H, I] int8 with
     per-expert, per-row fp32 scales [E, 2I] / [E, H]; ``linear(x, q, scale)`` is the int8 matmul
-    run for each active expert (default: the weight-only packed kernel)."""
+    run for each active expert (default: the weight-only packed kernel); ``act`` as there."""
     if torch.compiler.is_compiling():
         return experts_fixed_shape(x, weights, ids, gate_up_q, down_q, swiglu_limit, gate_up_scale, down_scale)
-    linear = linear or int8_linear
+    linear, act = linear or int8_linear, act or swiglu
 
     def expert(e: int, xs: torch.Tensor) -> torch.Tensor:
         gate, up = linear(xs, gate_up_q[e], gate_up_scale[e]).chunk(2, dim=-1)
-        return linear(swiglu(gate, up, swiglu_limit), down_q[e], down_scale[e])
+        return linear(act(gate, up, swiglu_limit), down_q[e], down_scale[e])
     return _dispatch(x, weights, ids, gate_up_q.shape[0], expert)
 
 

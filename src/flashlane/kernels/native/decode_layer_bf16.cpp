@@ -9,6 +9,7 @@
 #include "norm_rope.cpp"
 #include "paged_attention.cpp"
 #include "row_gemm_amx.cpp"
+#include "swiglu.cpp"
 
 #include <vector>
 
@@ -21,21 +22,6 @@ static void add_bf16(const uint16_t* a, const uint16_t* b, uint16_t* out, int64_
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) Bf16::store8(out + i, _mm256_add_ps(Bf16::load8(a + i), Bf16::load8(b + i)));
     for (; i < n; i++) out[i] = bf16_bits(bf16_value(a[i]) + bf16_value(b[i]));
-}
-
-// a = bf16(bf16(silu(g)) * u), silu(g) = g / (1 + e^-g): torch's bf16 F.silu(g) * up
-static void silu_mul_bf16(const uint16_t* g, const uint16_t* u, uint16_t* a, int64_t n) {
-    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256 gv = Bf16::load8(g + i);
-        const __m256 sig = Bf16::round8(_mm256_div_ps(gv, _mm256_add_ps(one, exp256(_mm256_sub_ps(zero, gv)))));
-        Bf16::store8(a + i, _mm256_mul_ps(sig, Bf16::load8(u + i)));
-    }
-    for (; i < n; i++) {
-        const float gv = bf16_value(g[i]);
-        a[i] = bf16_bits(Bf16::round1(gv / (1.0f + exp1(-gv))) * bf16_value(u[i]));
-    }
 }
 
 // h, out [M, D] bf16; cos/sin [M, hd] float32 (bf16 values); pool rows [K (Hkv x hd) | V (Hkv x hd)]

@@ -67,8 +67,14 @@ static inline float dot1(const float* q, const P* k, int64_t D, float scale) {
 
 // p[0 : n] = softmax(s[0 : n]) in place (simd.h's exp)
 static void softmax_row(float* s, int64_t n) {
+    __m256 vmax = _mm256_set1_ps(-INFINITY);   // the max is exact in any order
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + i));
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, vmax);
     float m = -INFINITY;
-    for (int64_t t = 0; t < n; t++) m = s[t] > m ? s[t] : m;
+    for (int j = 0; j < 8; j++) m = lanes[j] > m ? lanes[j] : m;
+    for (; i < n; i++) m = s[i] > m ? s[i] : m;
     const __m256 vm = _mm256_set1_ps(m);
     __m256 acc = _mm256_setzero_ps();
     int64_t t = 0;

@@ -1,0 +1,79 @@
+"""SwiGLU of a bfloat16 model through ``swiglu.cpp`` (eager, rows split over torch's threads).
+``swiglu`` returns None where the inputs are not its case (not bf16, shapes or devices that
+differ, a non-unit inner stride, inside a compiled graph, autograd, the kernel unavailable), and
+the caller runs the torch formula.
+
+Two builds of one source, chosen once by what the CPU has: ``avx512`` (16-lane vectors) where
+/proc/cpuinfo lists avx512f and it builds, else ``avx2``. They round alike, lane for lane."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from ..cpu_caps import CpuCaps, detect_cpu_caps
+from . import row_gemm
+from .build import load, why_unavailable
+from .row_split import run_split
+
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+# values a thread's share should hold at least: below it the hand-off costs more than the share
+_PART_VALUES = 1 << 16
+
+
+VARIANT_FLAGS = {"avx2": row_gemm.ARCH_FLAGS, "avx512": (*row_gemm.ARCH_FLAGS, "-mavx512f")}
+
+
+@functools.lru_cache(maxsize=None)
+def _function(variant: str):
+    fn = load("swiglu", VARIANT_FLAGS[variant]).swiglu_bf16
+    fn.argtypes, fn.restype = [_P, _I, _P, _I, _P, _I, ctypes.c_float, _I, _I], None
+    return fn
+
+
+def cpu_unavailable(variant: str, caps: CpuCaps | None = None) -> str | None:
+    """Why a CPU with ``caps`` (default: this one) cannot run ``variant``; None: it can."""
+    caps = detect_cpu_caps() if caps is None else caps
+    if variant == "avx512" and "avx512f" not in caps.flags:
+        return "the CPU lacks avx512f"
+    return row_gemm.cpu_unavailable(caps)
+
+
+@functools.lru_cache(maxsize=None)
+def unavailable(variant: str | None = None) -> str | None:
+    """Why ``variant`` (default: the one this CPU gets) cannot run here (None: it can)."""
+    variant = variant or best_variant()
+    return why_unavailable(cpu_unavailable(variant), lambda: _function(variant))
+
+
+@functools.lru_cache(maxsize=1)
+def best_variant() -> str:
+    """``avx512`` where it runs here, else ``avx2``."""
+    return "avx512" if unavailable("avx512") is None else "avx2"
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None = None,
+           variant: str | None = None) -> torch.Tensor | None:
+    """``SiLU(gate) * up`` of bf16 gate / up [..., n] (with ``limit``: gate clamped from above and up
+    to [-limit, limit] first), rounded as torch's bf16 ops round: ``moe.swiglu``'s result."""
+    if (gate.dtype != torch.bfloat16 or up.dtype != torch.bfloat16 or gate.shape != up.shape or gate.dim() < 1
+            or gate.device.type != "cpu" or up.device.type != "cpu" or gate.stride(-1) != 1 or up.stride(-1) != 1
+            or (limit is not None and not limit >= 0) or torch.compiler.is_compiling()
+            or row_gemm.tracks_grad(gate, up) or unavailable(variant)):
+        return None
+    n = gate.shape[-1]
+    g, u = gate.reshape(-1, n), up.reshape(-1, n)      # views where they can be (rows may be strided)
+    out = torch.empty(gate.shape, dtype=torch.bfloat16)
+    rows = g.shape[0]
+    if not out.numel():
+        return out
+    fn = _function(variant or best_variant())
+
+    def call(first: int, count: int) -> None:
+        fn(g.data_ptr(), g.stride(0), u.data_ptr(), u.stride(0), out.data_ptr(), n,
+           -1.0 if limit is None else limit, first, count)
+
+    run_split(call, rows, max(1, _PART_VALUES // max(n, 1)))
+    return out
