@@ -175,6 +175,7 @@ static void paged_decode(const float* q, const P* pool, int64_t row_stride, cons
                          int64_t table_stride, const int64_t* lens, int64_t Hq, int64_t Hkv, int64_t D,
                          int64_t page, float scale, float* out, int64_t first, int64_t count) {
     const int64_t G = Hq / Hkv, row_bytes = 2 * Hkv * D * (int64_t)sizeof(P);
+    const FlushDenormals flush;
     thread_local std::vector<float> scratch;
     for (int64_t item = first; item < first + count;) {
         const int64_t b = item / Hkv, h0 = item % Hkv;

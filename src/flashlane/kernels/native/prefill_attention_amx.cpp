@@ -6,6 +6,7 @@
 // values on tiles, float32 accumulation; blocks past a row's position are skipped. The chunk's
 // own K|V are in the pool already. Built with -mamx-tile -mamx-bf16 -mavx512f -mavx512bf16.
 #include "amx.h"
+#include "simd.h"
 
 #include <math.h>
 
@@ -195,6 +196,7 @@ extern "C" void prefill_attention_amx(const uint16_t* q, int64_t q_stride, const
                                       int64_t start, int64_t Q, int64_t Hq, int64_t Hkv, int64_t D, float scale,
                                       uint16_t* out, int64_t out_stride, int64_t parts, int64_t first, int64_t last) {
     const int64_t T = start + Q, G = Hq / Hkv, blocks = (Q + kT - 1) / kT;
+    const FlushDenormals flush;   // the softmax's far tail (simd.h)
     configure();
     for (int64_t item = first; item < last; item++) {
         const int64_t h = item / parts;

@@ -3,6 +3,19 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+// For the scope, this thread's float32 denormals are flushed to zero as results and read as zero as
+// inputs (MXCSR's FTZ and DAZ; restored after). A softmax's far tail (scores 87 below the max and
+// more) is denormal, and every op that touches a denormal costs a microcode assist of about a
+// hundred cycles: a decode attention over peaked scores ran 2.4x slower. The flushed values are
+// below 1.2e-38 and vanish in any sum of probabilities or of their weighted values.
+struct FlushDenormals {
+    unsigned int saved;
+    FlushDenormals() : saved(_mm_getcsr()) { _mm_setcsr(saved | 0x8040); }
+    ~FlushDenormals() { _mm_setcsr(saved); }
+    FlushDenormals(const FlushDenormals&) = delete;
+    FlushDenormals& operator=(const FlushDenormals&) = delete;
+};
+
 // the sum of a vector's eight lanes, in one fixed order
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
