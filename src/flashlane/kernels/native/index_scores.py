@@ -6,8 +6,7 @@ its case (another device, inside a compiled graph, autograd recording, or the ke
 unavailable) and the caller keeps torch's ``_score_pools``. Its sums run in a fixed order, not
 torch's GEMM's: scores agree to float32 rounding, not bit for bit.
 
-Two builds of one source, chosen once by what the CPU has: ``avx512`` (16-lane vectors) where
-/proc/cpuinfo lists avx512f and it builds, else ``avx2``. They round alike, lane for lane."""
+Two builds of one source (``simd_variants``): ``avx512`` where the CPU has it, else ``avx2``."""
 
 from __future__ import annotations
 
@@ -16,13 +15,13 @@ import functools
 
 import torch
 
-from ..cpu_caps import CpuCaps, detect_cpu_caps
 from . import row_gemm
-from .build import load, why_unavailable
+from .build import load
 from .row_split import run_split
+from .simd_variants import VARIANT_FLAGS, Variants
+from .simd_variants import cpu_unavailable as cpu_unavailable   # re-exported: the variant's CPU needs
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-VARIANT_FLAGS = {"avx2": row_gemm.ARCH_FLAGS, "avx512": (*row_gemm.ARCH_FLAGS, "-mavx512f")}
 
 
 @functools.lru_cache(maxsize=None)
@@ -34,25 +33,8 @@ def _library(variant: str):
     return lib
 
 
-def cpu_unavailable(variant: str, caps: CpuCaps | None = None) -> str | None:
-    """Why a CPU with ``caps`` (default: this one) cannot run ``variant``; None: it can."""
-    caps = detect_cpu_caps() if caps is None else caps
-    if variant == "avx512" and "avx512f" not in caps.flags:
-        return "the CPU lacks avx512f"
-    return row_gemm.cpu_unavailable(caps)
-
-
-@functools.lru_cache(maxsize=None)
-def unavailable(variant: str | None = None) -> str | None:
-    """Why ``variant`` (default: the one this CPU gets) cannot run here (None: it can)."""
-    variant = variant or best_variant()
-    return why_unavailable(cpu_unavailable(variant), lambda: _library(variant))
-
-
-@functools.lru_cache(maxsize=1)
-def best_variant() -> str:
-    """``avx512`` where it runs here, else ``avx2``."""
-    return "avx512" if unavailable("avx512") is None else "avx2"
+_VARIANTS = Variants(_library)
+unavailable, best_variant = _VARIANTS.unavailable, _VARIANTS.best
 
 
 def index_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, scale: float,

@@ -3,8 +3,7 @@
 differ, a non-unit inner stride, inside a compiled graph, autograd, the kernel unavailable), and
 the caller runs the torch formula.
 
-Two builds of one source, chosen once by what the CPU has: ``avx512`` (16-lane vectors) where
-/proc/cpuinfo lists avx512f and it builds, else ``avx2``. They round alike, lane for lane."""
+Two builds of one source (``simd_variants``): ``avx512`` where the CPU has it, else ``avx2``."""
 
 from __future__ import annotations
 
@@ -13,17 +12,15 @@ import functools
 
 import torch
 
-from ..cpu_caps import CpuCaps, detect_cpu_caps
 from . import row_gemm
-from .build import load, why_unavailable
+from .build import load
 from .row_split import run_split
+from .simd_variants import VARIANT_FLAGS, Variants
+from .simd_variants import cpu_unavailable as cpu_unavailable   # re-exported: the variant's CPU needs
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 # values a thread's share should hold at least: below it the hand-off costs more than the share
 _PART_VALUES = 1 << 16
-
-
-VARIANT_FLAGS = {"avx2": row_gemm.ARCH_FLAGS, "avx512": (*row_gemm.ARCH_FLAGS, "-mavx512f")}
 
 
 @functools.lru_cache(maxsize=None)
@@ -33,25 +30,8 @@ def _function(variant: str):
     return fn
 
 
-def cpu_unavailable(variant: str, caps: CpuCaps | None = None) -> str | None:
-    """Why a CPU with ``caps`` (default: this one) cannot run ``variant``; None: it can."""
-    caps = detect_cpu_caps() if caps is None else caps
-    if variant == "avx512" and "avx512f" not in caps.flags:
-        return "the CPU lacks avx512f"
-    return row_gemm.cpu_unavailable(caps)
-
-
-@functools.lru_cache(maxsize=None)
-def unavailable(variant: str | None = None) -> str | None:
-    """Why ``variant`` (default: the one this CPU gets) cannot run here (None: it can)."""
-    variant = variant or best_variant()
-    return why_unavailable(cpu_unavailable(variant), lambda: _function(variant))
-
-
-@functools.lru_cache(maxsize=1)
-def best_variant() -> str:
-    """``avx512`` where it runs here, else ``avx2``."""
-    return "avx512" if unavailable("avx512") is None else "avx2"
+_VARIANTS = Variants(_function)
+unavailable, best_variant = _VARIANTS.unavailable, _VARIANTS.best
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None = None,
