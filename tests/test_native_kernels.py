@@ -2,7 +2,8 @@
 reference, batch-invariant, torch's linear beyond its rows; RMSNorm and RoPE (``norm_rope.cpp``)
 against their torch formulas; the mHC weights (``mhc_weights.cpp``) against theirs; the KDA
 recurrence (``kda_recurrent.cpp``) and the short convolution (``short_conv.cpp``) against the
-torch ones; bf16 SwiGLU (``swiglu.cpp``) against torch's; and the build's failure reasons. (Decode attention:
+torch ones; bf16 SwiGLU (``swiglu.cpp``) and greedy argmax (``argmax.cpp``) against torch's; and the
+build's failure reasons. (Decode attention:
 test_paged_attention.py.)"""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch.nn.functional as F
 
 from flashlane.kernels import kda, moe, norm, rope, short_conv
 from flashlane.kernels.mhc import hc_post, hc_pre, hc_weights
-from flashlane.kernels.native import build, kda_recurrent, mhc_weights, norm_rope, row_gemm, swiglu
+from flashlane.kernels.native import argmax, build, kda_recurrent, mhc_weights, norm_rope, row_gemm, swiglu
 from flashlane.kernels.native import short_conv as short_conv_native
 
 def _needs(kernel):
@@ -267,6 +268,43 @@ def test_swiglu_declines_what_is_not_its_case_and_the_backend_falls_back():
     assert swiglu.cpu_unavailable("avx2", avx2_only) is None
 
 
+# ---- greedy argmax (argmax.cpp) ---------------------------------------------------------------------
+
+needs_argmax = _needs(argmax)
+
+
+@needs_argmax
+def test_argmax_picks_what_torch_argmax_picks():
+    """The first index of the row's maximum (ties, -0.0 and 0.0 alike), of its first NaN where it has
+    one, index 0 for a row of -inf; strided rows and ragged widths."""
+    g = torch.Generator().manual_seed(5)
+    wide = torch.randn(8, 49152, generator=g)
+    ties = torch.randint(0, 3, (40, 37), generator=g).float()
+    odd = torch.randn(6, 100, generator=g)
+    odd[1, 50] = odd[1, 70] = float("nan")
+    odd[2] = -float("inf")
+    odd[3, 5] = float("inf")
+    odd[4] = -0.0
+    odd[4, 9] = 0.0
+    odd[5, 97] = 1e30
+    strided = torch.randn(5, 300, generator=g)[:, 7:250]
+    for x in (wide, ties, odd, strided, torch.randn(1, 1, generator=g), torch.randn(3, 8, generator=g)):
+        assert torch.equal(argmax.argmax(x), x.argmax(dim=-1))
+
+
+def test_argmax_declines_what_is_not_its_case_and_the_backend_falls_back():
+    from flashlane.kernels.backends.cpu.backend import CpuBackend
+
+    x = torch.randn(3, 10)
+    assert argmax.argmax(x.bfloat16()) is None
+    assert argmax.argmax(x[0]) is None                      # 1-D
+    assert argmax.argmax(x.t()) is None                     # inner stride not 1
+    assert argmax.argmax(torch.randn(2, 0)) is None
+    assert argmax.argmax(torch.randn(0, 5)).shape == (0,) or argmax.unavailable()
+    assert torch.equal(CpuBackend().greedy(x), x.argmax(dim=-1))
+    assert torch.equal(CpuBackend().greedy(x.bfloat16()), x.bfloat16().argmax(dim=-1))
+
+
 # ---- mHC weights (mhc_weights.cpp) ----------------------------------------------------------------
 
 needs_mhc = _needs(mhc_weights)
@@ -504,6 +542,6 @@ def test_every_native_kernel_builds_where_the_cpu_and_a_compiler_allow():
     from flashlane.kernels.native import block_gemm, decode_layer, paged_attention
 
     kernels = (row_gemm, norm_rope, paged_attention, decode_layer, block_gemm, mhc_weights, kda_recurrent,
-               short_conv_native, swiglu)
+               short_conv_native, swiglu, argmax)
     assert {k.__name__: k.unavailable() for k in kernels} == {k.__name__: None for k in kernels}
     assert CpuBackend().native

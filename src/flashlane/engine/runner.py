@@ -244,6 +244,7 @@ class ModelRunner:
                 torch.tensor([p.top_p for p in params], dtype=torch.float32),
                 torch.tensor([p.min_p for p in params], dtype=torch.float32),
                 uniforms,
+                argmax=None if self.ops is None else self.ops.greedy,
             )
             token_list = tokens.tolist()
             for j, b in enumerate(bs):

@@ -10,10 +10,11 @@ import torch
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-           min_p: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+           min_p: torch.Tensor, uniforms: torch.Tensor, argmax=None) -> torch.Tensor:
     """logits [B, V] float32; temperature/top_p/min_p [B] float; top_k [B] long (<= 0: off);
-    uniforms [B] in [0, 1). Rows with temperature 0 are greedy. Returns token ids [B] (long)."""
-    greedy = logits.argmax(dim=-1)
+    uniforms [B] in [0, 1). Rows with temperature 0 are greedy. Returns token ids [B] (long).
+    ``argmax(logits)``: the backend's greedy pick (default ``torch.argmax`` over the last dim)."""
+    greedy = logits.argmax(dim=-1) if argmax is None else argmax(logits)
     sampled_rows = temperature > 0
     if not bool(sampled_rows.any()):
         return greedy

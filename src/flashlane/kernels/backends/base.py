@@ -239,6 +239,11 @@ class KernelBackend(ABC):
                  compiled: bool = False) -> torch.Tensor:
         """Expand the sublayer output y [N, H] back into the streams [N, n, H]."""
 
+    def greedy(self, logits: torch.Tensor) -> torch.Tensor:
+        """Greedy sampling's pick: ``logits.argmax(dim=-1)`` of float32 logits [B, V] (the first
+        index of each row's maximum)."""
+        return logits.argmax(dim=-1)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, device={str(self.device)!r})"
 

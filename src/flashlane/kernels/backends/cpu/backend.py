@@ -8,8 +8,8 @@ import torch
 
 from ... import gguf_blocks, indexer, kda, kv_store, linear_plan, mhc, moe, norm, quant_matmul, rope, short_conv, sparse_mla
 from ...compiled import compiled as compiled_fn
-from ...native import (attention_merge, block_gemm, decode_layer, index_scores, kda_recurrent, mhc_weights,
-                        norm_rope, paged_attention, prefill_attention, row_gemm, swiglu, top_pools)
+from ...native import (argmax, attention_merge, block_gemm, decode_layer, index_scores, kda_recurrent,
+                        mhc_weights, norm_rope, paged_attention, prefill_attention, row_gemm, swiglu, top_pools)
 from ...native import short_conv as short_conv_native
 from ...sparse_mla_expanded import prefer_expanded, sparse_mla_expanded
 from ..base import KernelBackend, VarlenBatch
@@ -103,13 +103,14 @@ class CpuBackend(KernelBackend):
         # RoPE (float32 and bfloat16), GGUF block linears, whole llama decode layers (float32, and
         # bf16 where the CPU has AMX), the merge of a prefill chunk's two attention parts; the KDA
         # recurrence, the short conv and mHC (float32 and bfloat16); the indexer's prefill scores
-        # and top-k; bf16 SwiGLU. The AMX kernels (bf16 layers, bf16 prefill attention) are optional on top.
+        # and top-k; bf16 SwiGLU; greedy sampling's argmax. The AMX kernels (bf16 layers, bf16 prefill attention) are optional on top.
         # None: decided here, once.
         self._native_why_not = (paged_attention.unavailable() or attention_merge.unavailable()
                                 or norm_rope.unavailable() or decode_layer.unavailable() or block_gemm.unavailable()
                                 or mhc_weights.unavailable()
                                 or kda_recurrent.unavailable() or short_conv_native.unavailable()
                                 or top_pools.unavailable() or index_scores.unavailable() or swiglu.unavailable()
+                                or argmax.unavailable()
                                 if self.device.type == "cpu" else f"device {self.device}")
         if native is None:
             native = self._native_why_not is None
@@ -314,6 +315,10 @@ class CpuBackend(KernelBackend):
     def swiglu(self, gate, up, limit=None):
         out = swiglu.swiglu(gate, up, limit) if self.native else None
         return moe.swiglu(gate, up, limit) if out is None else out
+
+    def greedy(self, logits):
+        out = argmax.argmax(logits) if self.native else None
+        return super().greedy(logits) if out is None else out
 
     def route(self, x, router_weight, correction_bias, *, top_k, n_group, topk_group, norm_topk_prob, scaling):
         return moe.route(x, router_weight, correction_bias, top_k=top_k, n_group=n_group, topk_group=topk_group,
