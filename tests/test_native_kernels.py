@@ -300,7 +300,8 @@ def test_argmax_declines_what_is_not_its_case_and_the_backend_falls_back():
     assert argmax.argmax(x[0]) is None                      # 1-D
     assert argmax.argmax(x.t()) is None                     # inner stride not 1
     assert argmax.argmax(torch.randn(2, 0)) is None
-    assert argmax.argmax(torch.randn(0, 5)).shape == (0,) or argmax.unavailable()
+    none = argmax.argmax(torch.randn(0, 5))                 # no rows: an empty pick where it runs
+    assert none is None if argmax.unavailable() else none.shape == (0,)
     assert torch.equal(CpuBackend().greedy(x), x.argmax(dim=-1))
     assert torch.equal(CpuBackend().greedy(x.bfloat16()), x.bfloat16().argmax(dim=-1))
 

@@ -103,7 +103,8 @@ class CpuBackend(KernelBackend):
         # RoPE (float32 and bfloat16), GGUF block linears, whole llama decode layers (float32, and
         # bf16 where the CPU has AMX), the merge of a prefill chunk's two attention parts; the KDA
         # recurrence, the short conv and mHC (float32 and bfloat16); the indexer's prefill scores
-        # and top-k; bf16 SwiGLU; greedy sampling's argmax. The AMX kernels (bf16 layers, bf16 prefill attention) are optional on top.
+        # and top-k; bf16 SwiGLU; greedy sampling's argmax. The AMX kernels (bf16 layers, bf16
+        # prefill attention) are optional on top.
         # None: decided here, once.
         self._native_why_not = (paged_attention.unavailable() or attention_merge.unavailable()
                                 or norm_rope.unavailable() or decode_layer.unavailable() or block_gemm.unavailable()
