@@ -1,9 +1,11 @@
 // What the AMX tile kernels share (row_gemm_amx.cpp, prefill_attention_amx.cpp): the tile
-// configuration and bf16 rounding.
+// configuration (and simd.h's helpers, bf16 rounding among them).
 #pragma once
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "simd.h"
 
 struct TileConfig {
     uint8_t palette = 1, start_row = 0, reserved[14] = {};
@@ -19,10 +21,4 @@ inline void configure_tiles(int n) {
         cfg.colsb[t] = 64;
     }
     _tile_loadconfig(&cfg);
-}
-
-inline uint16_t to_bf16(float x) {   // round to nearest even (finite values), as torch does
-    uint32_t b;
-    memcpy(&b, &x, 4);
-    return static_cast<uint16_t>((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
 }

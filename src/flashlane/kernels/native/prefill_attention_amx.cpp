@@ -9,7 +9,6 @@
 // value tile load changed nothing measurable: the softmax's vector work bounds this kernel.) The
 // chunk's own K|V are in the pool already. Built with -mamx-tile -mamx-bf16 -mavx512f -mavx512bf16.
 #include "amx.h"
-#include "simd.h"
 
 #include <math.h>
 
@@ -185,7 +184,7 @@ void attend_block(const uint16_t* q, int64_t q_stride, int64_t rows, int64_t pos
     }
     for (int64_t r = 0; r < rows; r++) {
         const float inv = 1.0f / l[r];
-        for (int64_t d = 0; d < D; d++) out[r * out_stride + d] = to_bf16(acc[r * D + d] * inv);
+        for (int64_t d = 0; d < D; d++) out[r * out_stride + d] = bf16_bits(acc[r * D + d] * inv);
     }
 }
 }  // namespace

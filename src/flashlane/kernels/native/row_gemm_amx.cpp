@@ -25,7 +25,7 @@ void configure() { configure_tiles(7); }
 // out[m, n0 + r] = bf16(sums[r, m] + bias) for the call's rows m < M and features r < nr
 inline void store_block(const float* sums, int64_t M, int64_t nr, const float* bias, uint16_t* C, int64_t ldc) {
     for (int64_t m = 0; m < M; m++)
-        for (int64_t r = 0; r < nr; r++) C[m * ldc + r] = to_bf16(sums[r * kRows + m] + (bias ? bias[r] : 0.0f));
+        for (int64_t r = 0; r < nr; r++) C[m * ldc + r] = bf16_bits(sums[r * kRows + m] + (bias ? bias[r] : 0.0f));
 }
 
 // NB blocks of 16 features from W (row stride ldw elements) against the packed rows xp

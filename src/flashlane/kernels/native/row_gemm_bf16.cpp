@@ -6,18 +6,13 @@
 // bias (float32) added and is rounded to bf16 as torch rounds: a row's result does not depend on
 // which other rows share the call (batch-invariant). Built with -mavx512f -mavx512bw
 // -mavx512bf16; the caller checks the CPU flags.
+#include "simd.h"
+
 #include <immintrin.h>
 #include <stdint.h>
-#include <string.h>
 
 namespace {
 inline __m512bh as_bh(__m512i v) { return reinterpret_cast<__m512bh>(v); }
-
-inline uint16_t to_bf16(float x) {   // round to nearest even (finite values), as torch does
-    uint32_t b;
-    memcpy(&b, &x, 4);
-    return static_cast<uint16_t>((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
-}
 
 // C[i, j] for MR rows of A and NR rows of W
 template <int MR, int NR>
@@ -47,7 +42,7 @@ inline void tile(const uint16_t* A, int64_t lda, const uint16_t* W, int64_t ldw,
         for (int j = 0; j < NR; j++) {
             float s = _mm512_reduce_add_ps(acc[i][j]);
             if (bias) s += bias[j];
-            C[i * ldc + j] = to_bf16(s);
+            C[i * ldc + j] = bf16_bits(s);
         }
 }
 
