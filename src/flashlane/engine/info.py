@@ -46,6 +46,9 @@ class EngineInfo:
     # torch CPU threads of the process running the model, read when the info is built; a default
     # keeps callers that build an EngineInfo by hand working
     num_threads: int | None = None
+    # how the engine process's freed host memory is kept (engine/host_malloc.py): {"kept", "why"};
+    # None off CPU
+    host_malloc: dict | None = None
     # static-graph decode (compile=True): {"sizes", "warmup_s", "cache_dir"}; None = eager only
     compiled_decode: dict | None = None
     # the kernel backend every model op runs on: {"name", "description"} (engine arg kernel_backend)
@@ -79,6 +82,8 @@ class EngineInfo:
         if self.linear_kernel:
             lk = self.linear_kernel
             line += f"; linears {lk['format']}" + (f" ({lk['linears']} packed)" if lk["linears"] else "")
+        if self.host_malloc:
+            line += f"; host malloc: {self.host_malloc['why']}"
         return line + "; " + self.quantization_summary
 
     def describe_compile(self) -> str:

@@ -26,6 +26,7 @@ from .compiled_decode import CompiledDecode, cuda_graph_mode
 from .scheduler_choice import build_scheduler, max_running_seqs
 from .speculative import MtpPass
 from .engine_args import EngineArgs
+from .host_malloc import keep_freed_memory
 from .info import EngineInfo
 from .outputs import RequestDelta
 from .request import Request
@@ -56,6 +57,7 @@ class LLMEngine:
         self.speculative = args.speculative()     # None: speculative decoding off
         if args.num_threads:
             torch.set_num_threads(args.num_threads)
+        self.host_malloc = keep_freed_memory() if torch.device(args.device).type == "cpu" else None
         self.ops = select_backend(args.device, args.kernel_backend)   # once, for every op of every step
         loaded_here = isinstance(model, str)
         self._load(model)
@@ -211,6 +213,7 @@ class LLMEngine:
                           else auto_cpu_dtype_choice().why if args.dtype == "auto" and loaded_here
                           and torch.device(args.device).type == "cpu" else None),
             num_threads=torch.get_num_threads(),
+            host_malloc=None if self.host_malloc is None else self.host_malloc.as_dict(),
             kernel_backend={"name": self.ops.name, "description": self.ops.describe()},
             linear_kernel=self.linears.as_dict(),
             speculative=None if self.speculative is None else {
