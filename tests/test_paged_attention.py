@@ -69,6 +69,31 @@ def test_a_bf16_pool_is_read_in_place_and_summed_in_float32(num_heads, num_kv, d
 
 
 @needs_native
+def test_both_builds_match_sdpa_and_only_bf16_pools_run_sixteen_lanes():
+    """The avx512 build runs bf16 pools (head dim a multiple of 16) sixteen lanes at a time: within
+    float32 rounding of the avx2 build and of SDPA, batch-invariant; float32 pools, and head dims
+    of 8 modulo 16, run the avx2 build's code in it, bit for bit."""
+    if paged_attention.unavailable("avx512") is not None:
+        pytest.skip(f"the avx512 build cannot run here: {paged_attention.unavailable('avx512')}")
+    assert paged_attention.best_variant() == "avx512"
+    g = torch.Generator().manual_seed(5)
+    lens = torch.tensor([1, 15, 16, 17, 300, 577])
+    tables = torch.stack([torch.randperm(64, generator=g)[:37] for _ in lens])
+    for d, dtype in ((64, torch.bfloat16), (32, torch.bfloat16), (72, torch.bfloat16), (64, torch.float32)):
+        pool = torch.randn(1024, 2 * 3 * d, generator=g).to(dtype)
+        q = torch.randn(len(lens), 9, d, generator=g)
+        wide = paged_attention.decode_attention(q, pool, tables, lens, 3, 16, variant="avx512")
+        narrow = paged_attention.decode_attention(q, pool, tables, lens, 3, 16, variant="avx2")
+        torch.testing.assert_close(wide, _reference(q, pool.float(), tables, lens, 3, 16), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(wide, narrow, rtol=1e-5, atol=1e-6)
+        assert torch.equal(wide, narrow) == (dtype == torch.float32 or d % 16 != 0), (d, dtype)
+        for b in (0, 4, 5):
+            alone = paged_attention.decode_attention(q[b:b + 1], pool, tables[b:b + 1], lens[b:b + 1], 3, 16,
+                                                     variant="avx512")
+            assert torch.equal(alone, wide[b:b + 1])
+
+
+@needs_native
 @pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
 def test_a_peaked_softmax_flushes_its_denormal_tail_without_changing_the_result(pool_dtype):
     """Scores 87 and more below the max give denormal probabilities; the kernel flushes them for

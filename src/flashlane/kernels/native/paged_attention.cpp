@@ -5,11 +5,18 @@
 // Pool rows hold [K (kv_heads x D) | V (kv_heads x D)] of one token; sequence b's token t sits in
 // row tables[b, t / page] * page + t % page. Every sum runs in a fixed order per (sequence, head)
 // and position, so a sequence's result does not depend on the rest of the batch or on the split.
+// Built with AVX-512 (paged_attention.py's avx512 variant, and the bf16 decode layer), bf16 pools
+// with a head dim that is a multiple of 16 run sixteen lanes (Lanes16): 30-35 against 39-44 us per
+// sequence and layer for 8 x 576 tokens, 3 of 9 heads, D 64 (Sapphire Rapids). Its sums run in
+// another order than the eight-lane build's, so the two builds differ in the last bits; float32
+// pools run eight lanes in every build, so the float32 decode layer (an AVX2 build) and this
+// kernel stay equal.
 #include "simd.h"
 #include <immintrin.h>
 #include <stdint.h>
 #include <math.h>
 
+#include <type_traits>
 #include <vector>
 
 // eight pool values as float32: float32 pools as they are, bf16 pools widened exactly
@@ -30,101 +37,192 @@ struct RowWalk {
     }
 };
 
-// one vector's lanes summed in dots4's order (a row scored alone equals it scored in a block)
-static inline float sum_lanes1(__m256 a) {
-    const __m256 s = _mm256_hadd_ps(a, a), q = _mm256_hadd_ps(s, s);
-    return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(q), _mm256_extractf128_ps(q, 1)));
-}
+// eight lanes (AVX2): every pool dtype, every build
+struct Lanes8 {
+    // one vector's lanes summed in dots4's order (a row scored alone equals it scored in a block)
+    static float sum_lanes1(__m256 a) {
+        const __m256 s = _mm256_hadd_ps(a, a), q = _mm256_hadd_ps(s, s);
+        return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(q), _mm256_extractf128_ps(q, 1)));
+    }
 
-// s[g * len + j] = q[g] . k[j] * scale for GB query heads and four rows (each a chain over d in
-// steps of 8, then the lanes summed pairs-quads-halves): each key vector is widened once for GB heads
-template <int GB, typename P>
-static inline void dots4(const float* q, int64_t D, const P* const* k, float scale, float* s, int64_t len) {
-    __m256 a[GB][4];
-    for (int g = 0; g < GB; g++)
-        for (int j = 0; j < 4; j++) a[g][j] = _mm256_setzero_ps();
-    for (int64_t d = 0; d < D; d += 8) {
-        __m256 qv[GB];
-        for (int g = 0; g < GB; g++) qv[g] = _mm256_loadu_ps(q + g * D + d);
-        for (int j = 0; j < 4; j++) {
-            const __m256 kv = pool8(k[j] + d);
-            for (int g = 0; g < GB; g++) a[g][j] = _mm256_fmadd_ps(qv[g], kv, a[g][j]);
+    // s[g * len + j] = q[g] . k[j] * scale for GB query heads and four rows (each a chain over d in
+    // steps of 8, then the lanes summed pairs-quads-halves): each key vector is widened once for GB heads
+    template <int GB, typename P>
+    static void dots4(const float* q, int64_t D, const P* const* k, float scale, float* s, int64_t len) {
+        __m256 a[GB][4];
+        for (int g = 0; g < GB; g++)
+            for (int j = 0; j < 4; j++) a[g][j] = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8) {
+            __m256 qv[GB];
+            for (int g = 0; g < GB; g++) qv[g] = _mm256_loadu_ps(q + g * D + d);
+            for (int j = 0; j < 4; j++) {
+                const __m256 kv = pool8(k[j] + d);
+                for (int g = 0; g < GB; g++) a[g][j] = _mm256_fmadd_ps(qv[g], kv, a[g][j]);
+            }
         }
-    }
-    for (int g = 0; g < GB; g++) {
-        const __m256 q4 = _mm256_hadd_ps(_mm256_hadd_ps(a[g][0], a[g][1]), _mm256_hadd_ps(a[g][2], a[g][3]));
-        const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(q4), _mm256_extractf128_ps(q4, 1));
-        _mm_storeu_ps(s + g * len, _mm_mul_ps(sums, _mm_set1_ps(scale)));
-    }
-}
-
-template <typename P>
-static inline float dot1(const float* q, const P* k, int64_t D, float scale) {
-    __m256 a = _mm256_setzero_ps();
-    for (int64_t d = 0; d < D; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), pool8(k + d), a);
-    return sum_lanes1(a) * scale;
-}
-
-// p[0 : n] = softmax(s[0 : n]) in place (simd.h's exp)
-static void softmax_row(float* s, int64_t n) {
-    __m256 vmax = _mm256_set1_ps(-INFINITY);   // the max is exact in any order
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + i));
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, vmax);
-    float m = -INFINITY;
-    for (int j = 0; j < 8; j++) m = lanes[j] > m ? lanes[j] : m;
-    for (; i < n; i++) m = s[i] > m ? s[i] : m;
-    const __m256 vm = _mm256_set1_ps(m);
-    __m256 acc = _mm256_setzero_ps();
-    int64_t t = 0;
-    for (; t + 8 <= n; t += 8) {
-        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + t), vm));
-        _mm256_storeu_ps(s + t, e);
-        acc = _mm256_add_ps(acc, e);
-    }
-    float sum = hsum(acc);
-    for (; t < n; t++) {
-        s[t] = exp1(s[t] - m);
-        sum += s[t];
-    }
-    const __m256 inv = _mm256_set1_ps(1.0f / sum);
-    for (t = 0; t + 8 <= n; t += 8) _mm256_storeu_ps(s + t, _mm256_mul_ps(_mm256_loadu_ps(s + t), inv));
-    for (; t < n; t++) s[t] *= 1.0f / sum;
-}
-
-// o[g, d0 : d0 + 8 * NV] = sum_t p[g, t] * V[t, d0 : ...] for GB query heads at once (p rows len
-// apart, o rows D apart): each V row is read once per GB heads; every lane sums over t in order
-template <int GB, int NV, typename P>
-static inline void weighted_rows(const float* p, int64_t len, RowWalk<P> rows, int64_t v_off, float* o, int64_t D) {
-    __m256 acc[GB][NV];
-    for (int g = 0; g < GB; g++)
-        for (int i = 0; i < NV; i++) acc[g][i] = _mm256_setzero_ps();
-    for (int64_t t = 0; t < len; t++) {
-        const P* v = rows.next() + v_off;
-        __m256 vv[NV];
-        for (int i = 0; i < NV; i++) vv[i] = pool8(v + i * 8);
         for (int g = 0; g < GB; g++) {
-            const __m256 pt = _mm256_broadcast_ss(p + g * len + t);
-            for (int i = 0; i < NV; i++) acc[g][i] = _mm256_fmadd_ps(pt, vv[i], acc[g][i]);
+            const __m256 q4 = _mm256_hadd_ps(_mm256_hadd_ps(a[g][0], a[g][1]), _mm256_hadd_ps(a[g][2], a[g][3]));
+            const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(q4), _mm256_extractf128_ps(q4, 1));
+            _mm_storeu_ps(s + g * len, _mm_mul_ps(sums, _mm_set1_ps(scale)));
         }
     }
-    for (int g = 0; g < GB; g++)
-        for (int i = 0; i < NV; i++) _mm256_storeu_ps(o + g * D + i * 8, acc[g][i]);
-}
 
-template <int GB, typename P>
-static inline void heads(const float* p, int64_t len, const RowWalk<P>& rows, int64_t v_off, float* o, int64_t D) {
-    int64_t d0 = 0;
-    for (; d0 + 32 <= D; d0 += 32) weighted_rows<GB, 4>(p, len, rows, v_off + d0, o + d0, D);
-    for (; d0 < D; d0 += 8) weighted_rows<GB, 1>(p, len, rows, v_off + d0, o + d0, D);
-}
+    template <typename P>
+    static float dot1(const float* q, const P* k, int64_t D, float scale) {
+        __m256 a = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), pool8(k + d), a);
+        return sum_lanes1(a) * scale;
+    }
+
+    // p[0 : n] = softmax(s[0 : n]) in place (simd.h's exp)
+    static void softmax_row(float* s, int64_t n) {
+        __m256 vmax = _mm256_set1_ps(-INFINITY);   // the max is exact in any order
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + i));
+        alignas(32) float lanes[8];
+        _mm256_store_ps(lanes, vmax);
+        float m = -INFINITY;
+        for (int j = 0; j < 8; j++) m = lanes[j] > m ? lanes[j] : m;
+        for (; i < n; i++) m = s[i] > m ? s[i] : m;
+        const __m256 vm = _mm256_set1_ps(m);
+        __m256 acc = _mm256_setzero_ps();
+        int64_t t = 0;
+        for (; t + 8 <= n; t += 8) {
+            const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + t), vm));
+            _mm256_storeu_ps(s + t, e);
+            acc = _mm256_add_ps(acc, e);
+        }
+        float sum = hsum(acc);
+        for (; t < n; t++) {
+            s[t] = exp1(s[t] - m);
+            sum += s[t];
+        }
+        const __m256 inv = _mm256_set1_ps(1.0f / sum);
+        for (t = 0; t + 8 <= n; t += 8) _mm256_storeu_ps(s + t, _mm256_mul_ps(_mm256_loadu_ps(s + t), inv));
+        for (; t < n; t++) s[t] *= 1.0f / sum;
+    }
+
+    // o[g, d0 : d0 + 8 * NV] = sum_t p[g, t] * V[t, d0 : ...] for GB query heads at once (p rows len
+    // apart, o rows D apart): each V row is read once per GB heads; every lane sums over t in order
+    template <int GB, int NV, typename P>
+    static void weighted_rows(const float* p, int64_t len, RowWalk<P> rows, int64_t v_off, float* o, int64_t D) {
+        __m256 acc[GB][NV];
+        for (int g = 0; g < GB; g++)
+            for (int i = 0; i < NV; i++) acc[g][i] = _mm256_setzero_ps();
+        for (int64_t t = 0; t < len; t++) {
+            const P* v = rows.next() + v_off;
+            __m256 vv[NV];
+            for (int i = 0; i < NV; i++) vv[i] = pool8(v + i * 8);
+            for (int g = 0; g < GB; g++) {
+                const __m256 pt = _mm256_broadcast_ss(p + g * len + t);
+                for (int i = 0; i < NV; i++) acc[g][i] = _mm256_fmadd_ps(pt, vv[i], acc[g][i]);
+            }
+        }
+        for (int g = 0; g < GB; g++)
+            for (int i = 0; i < NV; i++) _mm256_storeu_ps(o + g * D + i * 8, acc[g][i]);
+    }
+
+    template <int GB, typename P>
+    static void heads(const float* p, int64_t len, const RowWalk<P>& rows, int64_t v_off, float* o, int64_t D) {
+        int64_t d0 = 0;
+        for (; d0 + 32 <= D; d0 += 32) weighted_rows<GB, 4>(p, len, rows, v_off + d0, o + d0, D);
+        for (; d0 < D; d0 += 8) weighted_rows<GB, 1>(p, len, rows, v_off + d0, o + d0, D);
+    }
+};
+
+#ifdef __AVX512F__
+// sixteen lanes (AVX-512 builds): bf16 pools, D a multiple of 16. The same passes as Lanes8; each
+// 16-lane sum is folded to eight lanes (halves added) before Lanes8's horizontal order.
+struct Lanes16 {
+    static __m256 fold(__m512 a) {
+        return _mm256_add_ps(_mm512_castps512_ps256(a),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+    }
+
+    template <int GB>
+    static void dots4(const float* q, int64_t D, const uint16_t* const* k, float scale, float* s, int64_t len) {
+        __m512 a[GB][4];
+        for (int g = 0; g < GB; g++)
+            for (int j = 0; j < 4; j++) a[g][j] = _mm512_setzero_ps();
+        for (int64_t d = 0; d < D; d += 16) {
+            __m512 qv[GB];
+            for (int g = 0; g < GB; g++) qv[g] = _mm512_loadu_ps(q + g * D + d);
+            for (int j = 0; j < 4; j++) {
+                const __m512 kv = bf16_load16(k[j] + d);
+                for (int g = 0; g < GB; g++) a[g][j] = _mm512_fmadd_ps(qv[g], kv, a[g][j]);
+            }
+        }
+        for (int g = 0; g < GB; g++) {
+            const __m256 q4 = _mm256_hadd_ps(_mm256_hadd_ps(fold(a[g][0]), fold(a[g][1])),
+                                             _mm256_hadd_ps(fold(a[g][2]), fold(a[g][3])));
+            const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(q4), _mm256_extractf128_ps(q4, 1));
+            _mm_storeu_ps(s + g * len, _mm_mul_ps(sums, _mm_set1_ps(scale)));
+        }
+    }
+
+    static float dot1(const float* q, const uint16_t* k, int64_t D, float scale) {
+        __m512 a = _mm512_setzero_ps();
+        for (int64_t d = 0; d < D; d += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), bf16_load16(k + d), a);
+        return Lanes8::sum_lanes1(fold(a)) * scale;
+    }
+
+    static void softmax_row(float* s, int64_t n) {
+        __m512 vmax = _mm512_set1_ps(-INFINITY);
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s + i));
+        float m = _mm512_reduce_max_ps(vmax);
+        for (; i < n; i++) m = s[i] > m ? s[i] : m;
+        const __m512 vm = _mm512_set1_ps(m);
+        __m512 acc = _mm512_setzero_ps();
+        int64_t t = 0;
+        for (; t + 16 <= n; t += 16) {
+            const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + t), vm));
+            _mm512_storeu_ps(s + t, e);
+            acc = _mm512_add_ps(acc, e);
+        }
+        float sum = hsum(fold(acc));
+        for (; t < n; t++) {
+            s[t] = exp1(s[t] - m);
+            sum += s[t];
+        }
+        const __m512 inv = _mm512_set1_ps(1.0f / sum);
+        for (t = 0; t + 16 <= n; t += 16) _mm512_storeu_ps(s + t, _mm512_mul_ps(_mm512_loadu_ps(s + t), inv));
+        for (; t < n; t++) s[t] *= 1.0f / sum;
+    }
+
+    // NV vectors of 16 (a whole head of 64 in one pass over the rows)
+    template <int GB, int NV>
+    static void weighted_rows(const float* p, int64_t len, RowWalk<uint16_t> rows, int64_t v_off, float* o, int64_t D) {
+        __m512 acc[GB][NV];
+        for (int g = 0; g < GB; g++)
+            for (int i = 0; i < NV; i++) acc[g][i] = _mm512_setzero_ps();
+        for (int64_t t = 0; t < len; t++) {
+            const uint16_t* v = rows.next() + v_off;
+            __m512 vv[NV];
+            for (int i = 0; i < NV; i++) vv[i] = bf16_load16(v + i * 16);
+            for (int g = 0; g < GB; g++) {
+                const __m512 pt = _mm512_set1_ps(p[g * len + t]);
+                for (int i = 0; i < NV; i++) acc[g][i] = _mm512_fmadd_ps(pt, vv[i], acc[g][i]);
+            }
+        }
+        for (int g = 0; g < GB; g++)
+            for (int i = 0; i < NV; i++) _mm512_storeu_ps(o + g * D + i * 16, acc[g][i]);
+    }
+
+    template <int GB>
+    static void heads(const float* p, int64_t len, const RowWalk<uint16_t>& rows, int64_t v_off, float* o, int64_t D) {
+        int64_t d0 = 0;
+        for (; d0 + 64 <= D; d0 += 64) weighted_rows<GB, 4>(p, len, rows, v_off + d0, o + d0, D);
+        for (; d0 < D; d0 += 16) weighted_rows<GB, 1>(p, len, rows, v_off + d0, o + d0, D);
+    }
+};
+#endif
 
 // The kv heads [h0, h1) of one sequence: their query heads q [Hq, D] -> o [Hq, D] (rows of the
 // heads outside untouched); s: scratch [(h1 - h0) * G, len]. The scores pass reads every row once
 // for all these heads and prefetches the row a few steps ahead, V included, so the values pass
 // (one head at a time) finds its rows in cache.
-template <typename P>
+template <class L, typename P>
 static void attend_heads(const float* q, const RowWalk<P>& start, int64_t len, int64_t h0, int64_t h1,
                          int64_t Hkv, int64_t D, int64_t G, int64_t row_bytes, float scale, float* s, float* o) {
     constexpr int64_t ahead = 16;   // rows
@@ -146,24 +244,24 @@ static void attend_heads(const float* q, const RowWalk<P>& start, int64_t len, i
             const float* qh = q + h * G * D;
             if (n < 4) {
                 for (int j = 0; j < n; j++)
-                    for (int64_t g = 0; g < G; g++) sh[g * len + j] = dot1(qh + g * D, k[j] + h * D, D, scale);
+                    for (int64_t g = 0; g < G; g++) sh[g * len + j] = L::dot1(qh + g * D, k[j] + h * D, D, scale);
                 continue;
             }
             const P* kh[4] = {k[0] + h * D, k[1] + h * D, k[2] + h * D, k[3] + h * D};
             int64_t g = 0;
-            for (; g + 3 <= G; g += 3) dots4<3>(qh + g * D, D, kh, scale, sh + g * len, len);
-            for (; g + 2 <= G; g += 2) dots4<2>(qh + g * D, D, kh, scale, sh + g * len, len);
-            for (; g < G; g++) dots4<1>(qh + g * D, D, kh, scale, sh + g * len, len);
+            for (; g + 3 <= G; g += 3) L::template dots4<3>(qh + g * D, D, kh, scale, sh + g * len, len);
+            for (; g + 2 <= G; g += 2) L::template dots4<2>(qh + g * D, D, kh, scale, sh + g * len, len);
+            for (; g < G; g++) L::template dots4<1>(qh + g * D, D, kh, scale, sh + g * len, len);
         }
     }
-    for (int64_t i = 0; i < (h1 - h0) * G; i++) softmax_row(s + i * len, len);
+    for (int64_t i = 0; i < (h1 - h0) * G; i++) L::softmax_row(s + i * len, len);
     for (int64_t h = h0; h < h1; h++) {
         const int64_t v_off = Hkv * D + h * D;
         const float* sh = s + (h - h0) * G * len;
         float* oh = o + h * G * D;
         int64_t g = 0;
-        for (; g + 3 <= G; g += 3) heads<3>(sh + g * len, len, start, v_off, oh + g * D, D);
-        for (; g < G; g++) heads<1>(sh + g * len, len, start, v_off, oh + g * D, D);
+        for (; g + 3 <= G; g += 3) L::template heads<3>(sh + g * len, len, start, v_off, oh + g * D, D);
+        for (; g < G; g++) L::template heads<1>(sh + g * len, len, start, v_off, oh + g * D, D);
     }
 }
 
@@ -188,8 +286,16 @@ static void paged_decode(const float* q, const P* pool, int64_t row_stride, cons
         }
         if ((int64_t)scratch.size() < (h1 - h0) * G * len) scratch.resize((h1 - h0) * G * len);
         const RowWalk<P> rows{pool, row_stride, page, tables + b * table_stride};
-        attend_heads(q + b * Hq * D, rows, len, h0, h1, Hkv, D, G, row_bytes, scale, scratch.data(),
-                     out + b * Hq * D);
+#ifdef __AVX512F__
+        if constexpr (std::is_same<P, uint16_t>::value)
+            if (D % 16 == 0) {
+                attend_heads<Lanes16>(q + b * Hq * D, rows, len, h0, h1, Hkv, D, G, row_bytes, scale,
+                                      scratch.data(), out + b * Hq * D);
+                continue;
+            }
+#endif
+        attend_heads<Lanes8>(q + b * Hq * D, rows, len, h0, h1, Hkv, D, G, row_bytes, scale, scratch.data(),
+                             out + b * Hq * D);
     }
 }
 

@@ -3,7 +3,11 @@
 (bf16 pool values widened exactly; the output is rounded once to the query's dtype), the
 (sequence, kv head) pairs split over torch's threads when there is enough history to share. For the decode rows
 of the dense (llama) attention; the caller keeps torch's path for anything else (see
-``supports``)."""
+``supports``).
+
+Two builds of one source (``simd_variants``): ``avx512`` where the CPU has it, else ``avx2``. The
+avx512 build runs bf16 pools sixteen lanes at a time, so its sums differ from the avx2 build's in
+the last bits (see the source); float32 pools run alike in both."""
 
 from __future__ import annotations
 
@@ -13,8 +17,9 @@ import functools
 import torch
 
 from . import row_gemm
-from .build import load, why_unavailable
+from .build import load
 from .row_split import run_split
+from .simd_variants import VARIANT_FLAGS, Variants
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _DECODE = [_P, _P, _I, _P, _I, _P, _I, _I, _I, _I, ctypes.c_float, _P, _I, _I]
@@ -25,16 +30,22 @@ _PART_ROWS = 2048
 
 
 @functools.lru_cache(maxsize=None)
-def _function(pool_dtype: torch.dtype = torch.float32):
-    fn = getattr(load("paged_attention", row_gemm.ARCH_FLAGS), f"paged_decode_{_SUFFIX[pool_dtype]}")
-    fn.argtypes, fn.restype = _DECODE, None
-    return fn
+def _functions(variant: str) -> dict[torch.dtype, object]:
+    lib = load("paged_attention", VARIANT_FLAGS[variant])
+    fns = {}
+    for dtype, suffix in _SUFFIX.items():
+        fns[dtype] = fn = getattr(lib, f"paged_decode_{suffix}")
+        fn.argtypes, fn.restype = _DECODE, None
+    return fns
 
 
-@functools.lru_cache(maxsize=1)
-def unavailable() -> str | None:
-    """Why the kernel cannot run here (None: it can): row_gemm's CPU needs, and its own build."""
-    return why_unavailable(row_gemm.cpu_unavailable(), _function)
+_VARIANTS = Variants(_functions)
+# unavailable(variant=None): why a build (default: this CPU's) cannot run here; None: it can
+unavailable, best_variant = _VARIANTS.unavailable, _VARIANTS.best
+
+
+def _function(pool_dtype: torch.dtype = torch.float32, variant: str | None = None):
+    return _functions(variant or best_variant())[pool_dtype]
 
 
 def supports(q: torch.Tensor, pool: torch.Tensor, pool_scale: torch.Tensor | None) -> bool:
@@ -48,10 +59,11 @@ def supports(q: torch.Tensor, pool: torch.Tensor, pool_scale: torch.Tensor | Non
 
 def decode_attention(q: torch.Tensor, pool: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
                      num_kv: int, page_size: int, scale: float | None = None,
-                     history: int | None = None) -> torch.Tensor:
+                     history: int | None = None, variant: str | None = None) -> torch.Tensor:
     """q [B, Hq, D] (one new token per sequence, already written to the pool) -> [B, Hq, D]: each
     sequence attends over its ``lens[b]`` tokens read through ``tables[b]`` (``history``:
-    ``sum(lens)`` when the caller knows it, as an attention plan shared by all layers does)."""
+    ``sum(lens)`` when the caller knows it, as an attention plan shared by all layers does;
+    ``variant``: a build other than this CPU's, for tests)."""
     bsz, num_heads, d = q.shape
     if num_heads % num_kv:
         raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv} kv heads")
@@ -62,7 +74,7 @@ def decode_attention(q: torch.Tensor, pool: torch.Tensor, tables: torch.Tensor, 
     if lens.dtype != torch.int64 or not lens.is_contiguous():
         lens = lens.to(torch.int64).contiguous()
     scale = d ** -0.5 if scale is None else scale
-    fn = _function(pool.dtype)
+    fn = _function(pool.dtype, variant)
     out = torch.empty(bsz, num_heads, d, dtype=torch.float32)
     items = bsz * num_kv
 
