@@ -233,7 +233,8 @@ class ModelRunner:
             for j, b in enumerate(bs):
                 if seqs[b].req.generator is not None:
                     uniforms[j] = torch.rand((), generator=seqs[b].req.generator)
-            rows = logits[idx]
+            # a plain step samples every row, in order: no copy of the logits
+            rows = logits if len(bs) == logits.shape[0] else logits[idx]
             grammars = [seqs[b].req.grammar for b in bs]
             if any(g is not None for g in grammars):
                 self.grammars.mask(rows, grammars)   # logprobs stay the model's own (vLLM's default)
