@@ -13,6 +13,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <vector>
 
 namespace {
@@ -28,15 +29,25 @@ inline void store_block(const float* sums, int64_t M, int64_t nr, const float* b
         for (int64_t r = 0; r < nr; r++) C[m * ldc + r] = bf16_bits(sums[r * kRows + m] + (bias ? bias[r] : 0.0f));
 }
 
-// NB blocks of 16 features from W (row stride ldw elements) against the packed rows xp
+// NB blocks of 16 features from W (row stride ldw elements) against the packed rows xp, while
+// the next bytes [pf, pf + pf_bytes) (the next block's weights) are prefetched into L2, spread
+// over the k steps: the tile loads read 16 rows 64 bytes at a time, a pattern the hardware
+// prefetchers follow poorly. SmolLM2's 30 layers of weights from memory at 8 rows (Sapphire
+// Rapids): 15.0 against 15.6 ms median, 14.1 against 13.6 GB/s (a plain read: about 14.4)
 template <int NB>
-void blocks(const uint16_t* W, int64_t ldw, const uint16_t* xp, int64_t K, float* sums) {
+void blocks(const uint16_t* W, int64_t ldw, const uint16_t* xp, int64_t K, float* sums, const char* pf = nullptr,
+            int64_t pf_bytes = 0) {
+    const int64_t steps = K / kK, per_step = (pf_bytes / 64 + steps - 1) / steps * 64;
     _tile_zero(0);
     if (NB > 1) _tile_zero(1);
     if (NB > 2) _tile_zero(2);
     if (NB > 3) _tile_zero(3);
     const int64_t stride = ldw * 2;
     for (int64_t k = 0; k < K; k += kK) {
+        if (pf) {
+            const int64_t at = (k / kK) * per_step;
+            for (int64_t b = at; b < at + per_step && b < pf_bytes; b += 64) _mm_prefetch(pf + b, _MM_HINT_T1);
+        }
         _tile_loadd(6, xp + k * kRows, 64);
         _tile_loadd(4, W + k, stride);
         _tile_dpbf16ps(0, 4, 6);
@@ -84,7 +95,10 @@ extern "C" void row_gemm_amx_bf16(const uint16_t* A, int64_t M, int64_t lda, con
     alignas(64) float sums[4 * 256];
     int64_t n = n0;
     for (; n + 4 * kRows <= n1; n += 4 * kRows) {
-        blocks<4>(W + n * ldw, ldw, xp.data(), K, sums);
+        // the next block's rows, contiguous where W's rows are (ldw == K)
+        const int64_t next = std::min<int64_t>(4 * kRows, n1 - n - 4 * kRows);
+        const char* pf = next > 0 ? reinterpret_cast<const char*>(W + (n + 4 * kRows) * ldw) : nullptr;
+        blocks<4>(W + n * ldw, ldw, xp.data(), K, sums, pf, ldw == K ? next * K * 2 : 0);
         for (int b = 0; b < 4; b++)
             store_block(sums + b * 256, M, kRows, bias ? bias + n + b * kRows : nullptr, C + n + b * kRows, ldc);
     }
