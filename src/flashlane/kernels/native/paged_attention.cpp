@@ -6,7 +6,7 @@
 // row tables[b, t / page] * page + t % page. Every sum runs in a fixed order per (sequence, head)
 // and position, so a sequence's result does not depend on the rest of the batch or on the split.
 // Built with AVX-512 (paged_attention.py's avx512 variant, and the bf16 decode layer), bf16 pools
-// with a head dim that is a multiple of 16 run sixteen lanes (Lanes16): 30-35 against 39-44 us per
+// with a head dim that is a multiple of 16 run sixteen lanes (V16): 30-35 against 39-44 us per
 // sequence and layer for 8 x 576 tokens, 3 of 9 heads, D 64 (Sapphire Rapids). Its sums run in
 // another order than the eight-lane build's, so the two builds differ in the last bits; float32
 // pools run eight lanes in every build, so the float32 decode layer (an AVX2 build) and this
@@ -18,10 +18,6 @@
 
 #include <type_traits>
 #include <vector>
-
-// eight pool values as float32: float32 pools as they are, bf16 pools widened exactly
-static inline __m256 pool8(const float* p) { return _mm256_loadu_ps(p); }
-static inline __m256 pool8(const uint16_t* p) { return bf16_load8(p); }
 
 // The history rows of one sequence in order, page by page (no division per row).
 template <typename P>
@@ -37,31 +33,81 @@ struct RowWalk {
     }
 };
 
-// eight lanes (AVX2): every pool dtype, every build
-struct Lanes8 {
-    // one vector's lanes summed in dots4's order (a row scored alone equals it scored in a block)
+// The vector ops the passes below use, eight lanes (AVX2: every pool dtype, every build) or
+// sixteen (AVX-512 builds: bf16 pools only). ``fold`` brings a sum to eight lanes (halves added),
+// from where both reduce in one order.
+struct V8 {
+    using T = __m256;
+    static constexpr int W = 8;
+    static T zero() { return _mm256_setzero_ps(); }
+    static T set1(float x) { return _mm256_set1_ps(x); }
+    static T load(const float* p) { return _mm256_loadu_ps(p); }
+    static void store(float* p, T v) { _mm256_storeu_ps(p, v); }
+    // pool values as float32: float32 pools as they are, bf16 pools widened exactly
+    static T pool(const float* p) { return _mm256_loadu_ps(p); }
+    static T pool(const uint16_t* p) { return bf16_load8(p); }
+    static T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+    static T add(T a, T b) { return _mm256_add_ps(a, b); }
+    static T sub(T a, T b) { return _mm256_sub_ps(a, b); }
+    static T mul(T a, T b) { return _mm256_mul_ps(a, b); }
+    static T max(T a, T b) { return _mm256_max_ps(a, b); }
+    static T exp(T x) { return exp256(x); }
+    static __m256 fold(T a) { return a; }
+    static __m256 fold_max(T a) { return a; }
+};
+
+#ifdef __AVX512F__
+struct V16 {
+    using T = __m512;
+    static constexpr int W = 16;
+    static T zero() { return _mm512_setzero_ps(); }
+    static T set1(float x) { return _mm512_set1_ps(x); }
+    static T load(const float* p) { return _mm512_loadu_ps(p); }
+    static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
+    static T pool(const uint16_t* p) { return bf16_load16(p); }
+    static T fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
+    static T add(T a, T b) { return _mm512_add_ps(a, b); }
+    static T sub(T a, T b) { return _mm512_sub_ps(a, b); }
+    static T mul(T a, T b) { return _mm512_mul_ps(a, b); }
+    static T max(T a, T b) { return _mm512_max_ps(a, b); }
+    static T exp(T x) { return exp512(x); }
+    static __m256 high(T a) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)); }
+    static __m256 fold(T a) { return _mm256_add_ps(_mm512_castps512_ps256(a), high(a)); }
+    static __m256 fold_max(T a) { return _mm256_max_ps(_mm512_castps512_ps256(a), high(a)); }
+};
+#endif
+
+// the passes of one sequence's heads over vectors V
+template <class V>
+struct Lanes {
+    using T = typename V::T;
+    static constexpr int W = V::W;
+
+    // eight lanes summed pairs-quads-halves (a row scored alone equals it scored in a block)
     static float sum_lanes1(__m256 a) {
         const __m256 s = _mm256_hadd_ps(a, a), q = _mm256_hadd_ps(s, s);
         return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(q), _mm256_extractf128_ps(q, 1)));
     }
 
     // s[g * len + j] = q[g] . k[j] * scale for GB query heads and four rows (each a chain over d in
-    // steps of 8, then the lanes summed pairs-quads-halves): each key vector is widened once for GB heads
+    // steps of W, folded, then the lanes summed pairs-quads-halves): each key vector is widened
+    // once for GB heads
     template <int GB, typename P>
     static void dots4(const float* q, int64_t D, const P* const* k, float scale, float* s, int64_t len) {
-        __m256 a[GB][4];
+        T a[GB][4];
         for (int g = 0; g < GB; g++)
-            for (int j = 0; j < 4; j++) a[g][j] = _mm256_setzero_ps();
-        for (int64_t d = 0; d < D; d += 8) {
-            __m256 qv[GB];
-            for (int g = 0; g < GB; g++) qv[g] = _mm256_loadu_ps(q + g * D + d);
+            for (int j = 0; j < 4; j++) a[g][j] = V::zero();
+        for (int64_t d = 0; d < D; d += W) {
+            T qv[GB];
+            for (int g = 0; g < GB; g++) qv[g] = V::load(q + g * D + d);
             for (int j = 0; j < 4; j++) {
-                const __m256 kv = pool8(k[j] + d);
-                for (int g = 0; g < GB; g++) a[g][j] = _mm256_fmadd_ps(qv[g], kv, a[g][j]);
+                const T kv = V::pool(k[j] + d);
+                for (int g = 0; g < GB; g++) a[g][j] = V::fma(qv[g], kv, a[g][j]);
             }
         }
         for (int g = 0; g < GB; g++) {
-            const __m256 q4 = _mm256_hadd_ps(_mm256_hadd_ps(a[g][0], a[g][1]), _mm256_hadd_ps(a[g][2], a[g][3]));
+            const __m256 q4 = _mm256_hadd_ps(_mm256_hadd_ps(V::fold(a[g][0]), V::fold(a[g][1])),
+                                             _mm256_hadd_ps(V::fold(a[g][2]), V::fold(a[g][3])));
             const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(q4), _mm256_extractf128_ps(q4, 1));
             _mm_storeu_ps(s + g * len, _mm_mul_ps(sums, _mm_set1_ps(scale)));
         }
@@ -69,154 +115,68 @@ struct Lanes8 {
 
     template <typename P>
     static float dot1(const float* q, const P* k, int64_t D, float scale) {
-        __m256 a = _mm256_setzero_ps();
-        for (int64_t d = 0; d < D; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), pool8(k + d), a);
-        return sum_lanes1(a) * scale;
+        T a = V::zero();
+        for (int64_t d = 0; d < D; d += W) a = V::fma(V::load(q + d), V::pool(k + d), a);
+        return sum_lanes1(V::fold(a)) * scale;
     }
 
     // p[0 : n] = softmax(s[0 : n]) in place (simd.h's exp)
     static void softmax_row(float* s, int64_t n) {
-        __m256 vmax = _mm256_set1_ps(-INFINITY);   // the max is exact in any order
+        T vmax = V::set1(-INFINITY);   // the max is exact in any order
         int64_t i = 0;
-        for (; i + 8 <= n; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + i));
+        for (; i + W <= n; i += W) vmax = V::max(vmax, V::load(s + i));
         alignas(32) float lanes[8];
-        _mm256_store_ps(lanes, vmax);
+        _mm256_store_ps(lanes, V::fold_max(vmax));
         float m = -INFINITY;
         for (int j = 0; j < 8; j++) m = lanes[j] > m ? lanes[j] : m;
         for (; i < n; i++) m = s[i] > m ? s[i] : m;
-        const __m256 vm = _mm256_set1_ps(m);
-        __m256 acc = _mm256_setzero_ps();
+        const T vm = V::set1(m);
+        T acc = V::zero();
         int64_t t = 0;
-        for (; t + 8 <= n; t += 8) {
-            const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + t), vm));
-            _mm256_storeu_ps(s + t, e);
-            acc = _mm256_add_ps(acc, e);
+        for (; t + W <= n; t += W) {
+            const T e = V::exp(V::sub(V::load(s + t), vm));
+            V::store(s + t, e);
+            acc = V::add(acc, e);
         }
-        float sum = hsum(acc);
+        float sum = hsum(V::fold(acc));
         for (; t < n; t++) {
             s[t] = exp1(s[t] - m);
             sum += s[t];
         }
-        const __m256 inv = _mm256_set1_ps(1.0f / sum);
-        for (t = 0; t + 8 <= n; t += 8) _mm256_storeu_ps(s + t, _mm256_mul_ps(_mm256_loadu_ps(s + t), inv));
+        const T inv = V::set1(1.0f / sum);
+        for (t = 0; t + W <= n; t += W) V::store(s + t, V::mul(V::load(s + t), inv));
         for (; t < n; t++) s[t] *= 1.0f / sum;
     }
 
-    // o[g, d0 : d0 + 8 * NV] = sum_t p[g, t] * V[t, d0 : ...] for GB query heads at once (p rows len
-    // apart, o rows D apart): each V row is read once per GB heads; every lane sums over t in order
+    // o[g, d0 : d0 + W * NV] = sum_t p[g, t] * V[t, d0 : ...] for GB query heads at once (p rows
+    // len apart, o rows D apart): each V row is read once per GB heads; every lane sums over t in
+    // order
     template <int GB, int NV, typename P>
     static void weighted_rows(const float* p, int64_t len, RowWalk<P> rows, int64_t v_off, float* o, int64_t D) {
-        __m256 acc[GB][NV];
+        T acc[GB][NV];
         for (int g = 0; g < GB; g++)
-            for (int i = 0; i < NV; i++) acc[g][i] = _mm256_setzero_ps();
+            for (int i = 0; i < NV; i++) acc[g][i] = V::zero();
         for (int64_t t = 0; t < len; t++) {
             const P* v = rows.next() + v_off;
-            __m256 vv[NV];
-            for (int i = 0; i < NV; i++) vv[i] = pool8(v + i * 8);
+            T vv[NV];
+            for (int i = 0; i < NV; i++) vv[i] = V::pool(v + i * W);
             for (int g = 0; g < GB; g++) {
-                const __m256 pt = _mm256_broadcast_ss(p + g * len + t);
-                for (int i = 0; i < NV; i++) acc[g][i] = _mm256_fmadd_ps(pt, vv[i], acc[g][i]);
+                const T pt = V::set1(p[g * len + t]);
+                for (int i = 0; i < NV; i++) acc[g][i] = V::fma(pt, vv[i], acc[g][i]);
             }
         }
         for (int g = 0; g < GB; g++)
-            for (int i = 0; i < NV; i++) _mm256_storeu_ps(o + g * D + i * 8, acc[g][i]);
+            for (int i = 0; i < NV; i++) V::store(o + g * D + i * W, acc[g][i]);
     }
 
+    // four vectors of the head per pass over the rows (eight lanes: 32 values; sixteen: a head of 64)
     template <int GB, typename P>
     static void heads(const float* p, int64_t len, const RowWalk<P>& rows, int64_t v_off, float* o, int64_t D) {
         int64_t d0 = 0;
-        for (; d0 + 32 <= D; d0 += 32) weighted_rows<GB, 4>(p, len, rows, v_off + d0, o + d0, D);
-        for (; d0 < D; d0 += 8) weighted_rows<GB, 1>(p, len, rows, v_off + d0, o + d0, D);
+        for (; d0 + 4 * W <= D; d0 += 4 * W) weighted_rows<GB, 4>(p, len, rows, v_off + d0, o + d0, D);
+        for (; d0 < D; d0 += W) weighted_rows<GB, 1>(p, len, rows, v_off + d0, o + d0, D);
     }
 };
-
-#ifdef __AVX512F__
-// sixteen lanes (AVX-512 builds): bf16 pools, D a multiple of 16. The same passes as Lanes8; each
-// 16-lane sum is folded to eight lanes (halves added) before Lanes8's horizontal order.
-struct Lanes16 {
-    static __m256 fold(__m512 a) {
-        return _mm256_add_ps(_mm512_castps512_ps256(a),
-                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
-    }
-
-    template <int GB>
-    static void dots4(const float* q, int64_t D, const uint16_t* const* k, float scale, float* s, int64_t len) {
-        __m512 a[GB][4];
-        for (int g = 0; g < GB; g++)
-            for (int j = 0; j < 4; j++) a[g][j] = _mm512_setzero_ps();
-        for (int64_t d = 0; d < D; d += 16) {
-            __m512 qv[GB];
-            for (int g = 0; g < GB; g++) qv[g] = _mm512_loadu_ps(q + g * D + d);
-            for (int j = 0; j < 4; j++) {
-                const __m512 kv = bf16_load16(k[j] + d);
-                for (int g = 0; g < GB; g++) a[g][j] = _mm512_fmadd_ps(qv[g], kv, a[g][j]);
-            }
-        }
-        for (int g = 0; g < GB; g++) {
-            const __m256 q4 = _mm256_hadd_ps(_mm256_hadd_ps(fold(a[g][0]), fold(a[g][1])),
-                                             _mm256_hadd_ps(fold(a[g][2]), fold(a[g][3])));
-            const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(q4), _mm256_extractf128_ps(q4, 1));
-            _mm_storeu_ps(s + g * len, _mm_mul_ps(sums, _mm_set1_ps(scale)));
-        }
-    }
-
-    static float dot1(const float* q, const uint16_t* k, int64_t D, float scale) {
-        __m512 a = _mm512_setzero_ps();
-        for (int64_t d = 0; d < D; d += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), bf16_load16(k + d), a);
-        return Lanes8::sum_lanes1(fold(a)) * scale;
-    }
-
-    static void softmax_row(float* s, int64_t n) {
-        __m512 vmax = _mm512_set1_ps(-INFINITY);
-        int64_t i = 0;
-        for (; i + 16 <= n; i += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s + i));
-        float m = _mm512_reduce_max_ps(vmax);
-        for (; i < n; i++) m = s[i] > m ? s[i] : m;
-        const __m512 vm = _mm512_set1_ps(m);
-        __m512 acc = _mm512_setzero_ps();
-        int64_t t = 0;
-        for (; t + 16 <= n; t += 16) {
-            const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + t), vm));
-            _mm512_storeu_ps(s + t, e);
-            acc = _mm512_add_ps(acc, e);
-        }
-        float sum = hsum(fold(acc));
-        for (; t < n; t++) {
-            s[t] = exp1(s[t] - m);
-            sum += s[t];
-        }
-        const __m512 inv = _mm512_set1_ps(1.0f / sum);
-        for (t = 0; t + 16 <= n; t += 16) _mm512_storeu_ps(s + t, _mm512_mul_ps(_mm512_loadu_ps(s + t), inv));
-        for (; t < n; t++) s[t] *= 1.0f / sum;
-    }
-
-    // NV vectors of 16 (a whole head of 64 in one pass over the rows)
-    template <int GB, int NV>
-    static void weighted_rows(const float* p, int64_t len, RowWalk<uint16_t> rows, int64_t v_off, float* o, int64_t D) {
-        __m512 acc[GB][NV];
-        for (int g = 0; g < GB; g++)
-            for (int i = 0; i < NV; i++) acc[g][i] = _mm512_setzero_ps();
-        for (int64_t t = 0; t < len; t++) {
-            const uint16_t* v = rows.next() + v_off;
-            __m512 vv[NV];
-            for (int i = 0; i < NV; i++) vv[i] = bf16_load16(v + i * 16);
-            for (int g = 0; g < GB; g++) {
-                const __m512 pt = _mm512_set1_ps(p[g * len + t]);
-                for (int i = 0; i < NV; i++) acc[g][i] = _mm512_fmadd_ps(pt, vv[i], acc[g][i]);
-            }
-        }
-        for (int g = 0; g < GB; g++)
-            for (int i = 0; i < NV; i++) _mm512_storeu_ps(o + g * D + i * 16, acc[g][i]);
-    }
-
-    template <int GB>
-    static void heads(const float* p, int64_t len, const RowWalk<uint16_t>& rows, int64_t v_off, float* o, int64_t D) {
-        int64_t d0 = 0;
-        for (; d0 + 64 <= D; d0 += 64) weighted_rows<GB, 4>(p, len, rows, v_off + d0, o + d0, D);
-        for (; d0 < D; d0 += 16) weighted_rows<GB, 1>(p, len, rows, v_off + d0, o + d0, D);
-    }
-};
-#endif
 
 // The kv heads [h0, h1) of one sequence: their query heads q [Hq, D] -> o [Hq, D] (rows of the
 // heads outside untouched); s: scratch [(h1 - h0) * G, len]. The scores pass reads every row once
@@ -289,13 +249,13 @@ static void paged_decode(const float* q, const P* pool, int64_t row_stride, cons
 #ifdef __AVX512F__
         if constexpr (std::is_same<P, uint16_t>::value)
             if (D % 16 == 0) {
-                attend_heads<Lanes16>(q + b * Hq * D, rows, len, h0, h1, Hkv, D, G, row_bytes, scale,
-                                      scratch.data(), out + b * Hq * D);
+                attend_heads<Lanes<V16>>(q + b * Hq * D, rows, len, h0, h1, Hkv, D, G, row_bytes, scale,
+                                         scratch.data(), out + b * Hq * D);
                 continue;
             }
 #endif
-        attend_heads<Lanes8>(q + b * Hq * D, rows, len, h0, h1, Hkv, D, G, row_bytes, scale, scratch.data(),
-                             out + b * Hq * D);
+        attend_heads<Lanes<V8>>(q + b * Hq * D, rows, len, h0, h1, Hkv, D, G, row_bytes, scale,
+                                scratch.data(), out + b * Hq * D);
     }
 }
 
