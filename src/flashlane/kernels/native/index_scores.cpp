@@ -11,6 +11,8 @@
 // vectors hold 16 lanes (blocks of 32 pools), else 8 (AVX2, blocks of 16); both variants round
 // alike, lane for lane. The sums run in one fixed order whatever the batch (its rounding is not
 // torch's GEMM's).
+#include "simd.h"
+
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
@@ -19,29 +21,9 @@
 
 namespace {
 #ifdef __AVX512F__
-struct Vec {
-    using T = __m512;
-    static constexpr int kLanes = 16;
-    static T zero() { return _mm512_setzero_ps(); }
-    static T set1(float x) { return _mm512_set1_ps(x); }
-    static T load(const float* p) { return _mm512_loadu_ps(p); }
-    static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
-    static T fmadd(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
-    static T mul(T a, T b) { return _mm512_mul_ps(a, b); }
-    static T max(T a, T b) { return _mm512_max_ps(a, b); }
-};
+using Vec = F32x16;
 #else
-struct Vec {
-    using T = __m256;
-    static constexpr int kLanes = 8;
-    static T zero() { return _mm256_setzero_ps(); }
-    static T set1(float x) { return _mm256_set1_ps(x); }
-    static T load(const float* p) { return _mm256_loadu_ps(p); }
-    static void store(float* p, T v) { _mm256_storeu_ps(p, v); }
-    static T fmadd(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
-    static T mul(T a, T b) { return _mm256_mul_ps(a, b); }
-    static T max(T a, T b) { return _mm256_max_ps(a, b); }
-};
+using Vec = F32x8;
 #endif
 constexpr int kVecs = 2;                          // key vectors per block
 constexpr int kBlock = Vec::kLanes * kVecs;       // pools per block

@@ -6,11 +6,11 @@
 // row tables[b, t / page] * page + t % page. Every sum runs in a fixed order per (sequence, head)
 // and position, so a sequence's result does not depend on the rest of the batch or on the split.
 // Built with AVX-512 (paged_attention.py's avx512 variant, and the bf16 decode layer), bf16 pools
-// with a head dim that is a multiple of 16 run sixteen lanes (V16): 30-35 against 39-44 us per
-// sequence and layer for 8 x 576 tokens, 3 of 9 heads, D 64 (Sapphire Rapids). Its sums run in
-// another order than the eight-lane build's, so the two builds differ in the last bits; float32
-// pools run eight lanes in every build, so the float32 decode layer (an AVX2 build) and this
-// kernel stay equal.
+// with a head dim that is a multiple of 16 run sixteen lanes (simd.h's F32x16): 30-35 against
+// 39-44 us per sequence and layer for 8 x 576 tokens, 3 of 9 heads, D 64 (Sapphire Rapids). Its
+// sums run in another order than the eight-lane build's, so the two builds differ in the last
+// bits; float32 pools run eight lanes in every build, so the float32 decode layer (an AVX2 build)
+// and this kernel stay equal.
 #include "simd.h"
 #include <immintrin.h>
 #include <stdint.h>
@@ -33,55 +33,14 @@ struct RowWalk {
     }
 };
 
-// The vector ops the passes below use, eight lanes (AVX2: every pool dtype, every build) or
-// sixteen (AVX-512 builds: bf16 pools only). ``fold`` brings a sum to eight lanes (halves added),
-// from where both reduce in one order.
-struct V8 {
-    using T = __m256;
-    static constexpr int W = 8;
-    static T zero() { return _mm256_setzero_ps(); }
-    static T set1(float x) { return _mm256_set1_ps(x); }
-    static T load(const float* p) { return _mm256_loadu_ps(p); }
-    static void store(float* p, T v) { _mm256_storeu_ps(p, v); }
-    // pool values as float32: float32 pools as they are, bf16 pools widened exactly
-    static T pool(const float* p) { return _mm256_loadu_ps(p); }
-    static T pool(const uint16_t* p) { return bf16_load8(p); }
-    static T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
-    static T add(T a, T b) { return _mm256_add_ps(a, b); }
-    static T sub(T a, T b) { return _mm256_sub_ps(a, b); }
-    static T mul(T a, T b) { return _mm256_mul_ps(a, b); }
-    static T max(T a, T b) { return _mm256_max_ps(a, b); }
-    static T exp(T x) { return exp256(x); }
-    static __m256 fold(T a) { return a; }
-    static __m256 fold_max(T a) { return a; }
-};
-
-#ifdef __AVX512F__
-struct V16 {
-    using T = __m512;
-    static constexpr int W = 16;
-    static T zero() { return _mm512_setzero_ps(); }
-    static T set1(float x) { return _mm512_set1_ps(x); }
-    static T load(const float* p) { return _mm512_loadu_ps(p); }
-    static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
-    static T pool(const uint16_t* p) { return bf16_load16(p); }
-    static T fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
-    static T add(T a, T b) { return _mm512_add_ps(a, b); }
-    static T sub(T a, T b) { return _mm512_sub_ps(a, b); }
-    static T mul(T a, T b) { return _mm512_mul_ps(a, b); }
-    static T max(T a, T b) { return _mm512_max_ps(a, b); }
-    static T exp(T x) { return exp512(x); }
-    static __m256 high(T a) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)); }
-    static __m256 fold(T a) { return _mm256_add_ps(_mm512_castps512_ps256(a), high(a)); }
-    static __m256 fold_max(T a) { return _mm256_max_ps(_mm512_castps512_ps256(a), high(a)); }
-};
-#endif
-
 // the passes of one sequence's heads over vectors V
 template <class V>
 struct Lanes {
     using T = typename V::T;
-    static constexpr int W = V::W;
+    static constexpr int W = V::kLanes;
+    // pool values as float32: float32 pools as they are, bf16 pools widened exactly
+    static T pool(const float* p) { return V::load(p); }
+    static T pool(const uint16_t* p) { return V::load_bf16(p); }
 
     // eight lanes summed pairs-quads-halves (a row scored alone equals it scored in a block)
     static float sum_lanes1(__m256 a) {
@@ -101,8 +60,8 @@ struct Lanes {
             T qv[GB];
             for (int g = 0; g < GB; g++) qv[g] = V::load(q + g * D + d);
             for (int j = 0; j < 4; j++) {
-                const T kv = V::pool(k[j] + d);
-                for (int g = 0; g < GB; g++) a[g][j] = V::fma(qv[g], kv, a[g][j]);
+                const T kv = pool(k[j] + d);
+                for (int g = 0; g < GB; g++) a[g][j] = V::fmadd(qv[g], kv, a[g][j]);
             }
         }
         for (int g = 0; g < GB; g++) {
@@ -116,7 +75,7 @@ struct Lanes {
     template <typename P>
     static float dot1(const float* q, const P* k, int64_t D, float scale) {
         T a = V::zero();
-        for (int64_t d = 0; d < D; d += W) a = V::fma(V::load(q + d), V::pool(k + d), a);
+        for (int64_t d = 0; d < D; d += W) a = V::fmadd(V::load(q + d), pool(k + d), a);
         return sum_lanes1(V::fold(a)) * scale;
     }
 
@@ -159,10 +118,10 @@ struct Lanes {
         for (int64_t t = 0; t < len; t++) {
             const P* v = rows.next() + v_off;
             T vv[NV];
-            for (int i = 0; i < NV; i++) vv[i] = V::pool(v + i * W);
+            for (int i = 0; i < NV; i++) vv[i] = pool(v + i * W);
             for (int g = 0; g < GB; g++) {
                 const T pt = V::set1(p[g * len + t]);
-                for (int i = 0; i < NV; i++) acc[g][i] = V::fma(pt, vv[i], acc[g][i]);
+                for (int i = 0; i < NV; i++) acc[g][i] = V::fmadd(pt, vv[i], acc[g][i]);
             }
         }
         for (int g = 0; g < GB; g++)
@@ -249,12 +208,12 @@ static void paged_decode(const float* q, const P* pool, int64_t row_stride, cons
 #ifdef __AVX512F__
         if constexpr (std::is_same<P, uint16_t>::value)
             if (D % 16 == 0) {
-                attend_heads<Lanes<V16>>(q + b * Hq * D, rows, len, h0, h1, Hkv, D, G, row_bytes, scale,
+                attend_heads<Lanes<F32x16>>(q + b * Hq * D, rows, len, h0, h1, Hkv, D, G, row_bytes, scale,
                                          scratch.data(), out + b * Hq * D);
                 continue;
             }
 #endif
-        attend_heads<Lanes<V8>>(q + b * Hq * D, rows, len, h0, h1, Hkv, D, G, row_bytes, scale,
+        attend_heads<Lanes<F32x8>>(q + b * Hq * D, rows, len, h0, h1, Hkv, D, G, row_bytes, scale,
                                 scratch.data(), out + b * Hq * D);
     }
 }

@@ -78,6 +78,27 @@ static inline __m256 bf16_rounded8(__m256 v) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bf16_bits8(v)), 16));
 }
 
+// float32 vectors behind one set of names, for kernels written once over eight lanes (AVX2) and
+// sixteen (AVX-512 builds): index_scores.cpp, paged_attention.cpp. ``fold`` and ``fold_max`` bring
+// a vector to eight lanes (halves added, or maxed), where both widths reduce in one order.
+struct F32x8 {
+    using T = __m256;
+    static constexpr int kLanes = 8;
+    static T zero() { return _mm256_setzero_ps(); }
+    static T set1(float x) { return _mm256_set1_ps(x); }
+    static T load(const float* p) { return _mm256_loadu_ps(p); }
+    static T load_bf16(const uint16_t* p) { return bf16_load8(p); }
+    static void store(float* p, T v) { _mm256_storeu_ps(p, v); }
+    static T fmadd(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+    static T add(T a, T b) { return _mm256_add_ps(a, b); }
+    static T sub(T a, T b) { return _mm256_sub_ps(a, b); }
+    static T mul(T a, T b) { return _mm256_mul_ps(a, b); }
+    static T max(T a, T b) { return _mm256_max_ps(a, b); }
+    static T exp(T x) { return exp256(x); }
+    static __m256 fold(T a) { return a; }
+    static __m256 fold_max(T a) { return a; }
+};
+
 #ifdef __AVX512F__
 // exp256 and the bf16 helpers sixteen lanes at a time, lane for lane the same operations (the
 // AVX-512 build of a kernel rounds as its AVX2 build)
@@ -106,6 +127,25 @@ static inline __m512i bf16_bits16(__m512 v) {
     const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
     return _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
 }
+
+struct F32x16 {
+    using T = __m512;
+    static constexpr int kLanes = 16;
+    static T zero() { return _mm512_setzero_ps(); }
+    static T set1(float x) { return _mm512_set1_ps(x); }
+    static T load(const float* p) { return _mm512_loadu_ps(p); }
+    static T load_bf16(const uint16_t* p) { return bf16_load16(p); }
+    static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
+    static T fmadd(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
+    static T add(T a, T b) { return _mm512_add_ps(a, b); }
+    static T sub(T a, T b) { return _mm512_sub_ps(a, b); }
+    static T mul(T a, T b) { return _mm512_mul_ps(a, b); }
+    static T max(T a, T b) { return _mm512_max_ps(a, b); }
+    static T exp(T x) { return exp512(x); }
+    static __m256 high(T a) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)); }
+    static __m256 fold(T a) { return _mm256_add_ps(_mm512_castps512_ps256(a), high(a)); }
+    static __m256 fold_max(T a) { return _mm256_max_ps(_mm512_castps512_ps256(a), high(a)); }
+};
 #endif
 
 // Element access for float32 and bfloat16 data: loads widen to float32 (exact); round8/round1
