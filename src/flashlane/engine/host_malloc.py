@@ -6,7 +6,7 @@ blocks are freed) with fresh mappings, and gives the freed top of its heap back 
 trim threshold (twice the mmap threshold). Either way the next step's activations land on pages
 the kernel must map and zero again. Measured on SmolLM2-135M, bf16, 1 thread (Sapphire Rapids):
 136,000 minor page faults per 4 x 512-token prefill and 3,100 prompt tok/s with glibc's defaults;
-with blocks of up to 32 MiB from the heap and up to 512 MiB of freed memory kept, 5-9 faults and
+with blocks of up to 32 MiB from the heap and up to 512 MiB of freed memory kept, 5-13 faults and
 3,980 tok/s (+28%). The aten GEMMs took most of that time: they write fresh output pages.
 vLLM's CPU backend gets the same effect by preloading tcmalloc; this is the glibc setting for it.
 
@@ -21,7 +21,7 @@ import os
 import sys
 from dataclasses import asdict, dataclass
 
-MMAP_THRESHOLD = 32 << 20      # blocks up to this size come from the heap (glibc's maximum on 64-bit)
+MMAP_THRESHOLD = 32 << 20      # blocks up to this size come from the heap (where glibc's own threshold stops rising)
 TRIM_THRESHOLD = 512 << 20     # freed memory at the heap's top kept up to this size
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3    # mallopt parameters (malloc.h)
 OTHER_ALLOCATORS = ("tcmalloc", "jemalloc", "mimalloc")
@@ -35,9 +35,6 @@ class HostMalloc:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-    def describe(self) -> str:
-        return f"host malloc: {self.why}"
 
 
 def _left_alone(environ: dict[str, str], platform: str) -> str | None:
