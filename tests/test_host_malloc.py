@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -37,7 +38,10 @@ ROUNDS = textwrap.dedent("""
 
 
 def _fault_share(mode: str) -> float:
-    out = subprocess.run([sys.executable, "-c", ROUNDS, mode], capture_output=True, text=True, check=True)
+    # glibc as it comes: no preloaded allocator, no malloc tuning from the environment
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LD_PRELOAD", "GLIBC_TUNABLES") and not k.startswith("MALLOC_")}
+    out = subprocess.run([sys.executable, "-c", ROUNDS, mode], capture_output=True, text=True, check=True, env=env)
     return float(out.stdout.strip())
 
 
