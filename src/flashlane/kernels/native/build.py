@@ -8,6 +8,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -18,6 +19,9 @@ HERE = Path(__file__).resolve().parent
 # no contraction of a separate multiply and add into one FMA: the kernels round where torch's
 # elementwise ops round (FMAs are written out where they are meant)
 FLAGS = ("-O3", "-shared", "-fPIC", "-std=c++17", "-ffp-contract=off")
+# kernels that split their rows over torch's OpenMP team (parallel.h)
+OPENMP = ("-fopenmp",)
+_OPENMP_RUNTIME = re.compile(r"/lib(gomp|iomp5|omp)[^/]*\.so")
 
 
 class NativeUnavailable(RuntimeError):
@@ -84,3 +88,14 @@ def load(name: str, arch_flags: tuple[str, ...]) -> ctypes.CDLL:
         return ctypes.CDLL(str(lib))
     except OSError as exc:
         raise NativeUnavailable(f"cannot load {lib}: {exc}") from exc
+
+
+def openmp_runtimes() -> set[str]:
+    """The OpenMP runtime libraries mapped into this process (read from /proc; empty elsewhere).
+    One is torch's; a kernel built with ``OPENMP`` must have found that same one (libgomp.so.1 is
+    resolved to the library already loaded), else it would run a second team beside torch's."""
+    try:
+        with open("/proc/self/maps") as maps:
+            return {os.path.realpath(line.split()[-1]) for line in maps if _OPENMP_RUNTIME.search(line)}
+    except OSError:
+        return set()

@@ -59,12 +59,12 @@ extern "C" void llama_decode_layer_f32(const float* h, int64_t M, int64_t D, int
     float *x = s.x, *h1 = s.h1, *o = s.o, *q = s.q, *qr = s.qr, *att = s.att, *k = s.k, *kr = s.kr, *v = s.v,
           *g = s.g, *u = s.u, *a = s.a;
 
-    rms_norm_f32(h, M, D, D, (const float*)w->ln1, eps, x);
+    rms_norm_f32(h, M, D, D, (const float*)w->ln1, eps, x, 1);
     linear(w->q, x, M, D, nq, q);
     linear(w->k, x, M, D, nkv, k);
     linear(w->v, x, M, D, nkv, v);
-    rope_half_f32(q, M, Hq, hd, nq, hd, cos_, sin_, qr);
-    rope_half_f32(k, M, Hkv, hd, nkv, hd, cos_, sin_, kr);
+    rope_half_f32(q, M, Hq, hd, nq, hd, cos_, sin_, qr, 1);
+    rope_half_f32(k, M, Hkv, hd, nkv, hd, cos_, sin_, kr, 1);
     for (int64_t m = 0; m < M; m++) {
         float* row = pool + slots[m] * row_stride;
         for (int64_t i = 0; i < nkv; i++) row[i] = kr[m * nkv + i];
@@ -73,7 +73,7 @@ extern "C" void llama_decode_layer_f32(const float* h, int64_t M, int64_t D, int
     paged_decode_f32(qr, pool, row_stride, tables, table_stride, lens, Hq, Hkv, hd, page, scale, att, 0, M * Hkv);
     linear(w->o, att, M, nq, D, o);
     add(h, o, h1, M * D);
-    rms_norm_f32(h1, M, D, D, (const float*)w->ln2, eps, x);
+    rms_norm_f32(h1, M, D, D, (const float*)w->ln2, eps, x, 1);
     linear(w->gate, x, M, D, I, g);
     linear(w->up, x, M, D, I, u);
     silu_mul(g, u, a, M * I);

@@ -7,6 +7,7 @@
 // where Dv is 8, 16, 32 or 64. At the small head dims of the tiny presets this is far cheaper on a
 // CPU than the chunked (WY) form, whose many small matmuls and solves cost more in dispatch than
 // in arithmetic; and a sequence's numbers no longer depend on where its prefill was cut into chunks.
+#include "parallel.h"
 #include "simd.h"
 #include <immintrin.h>
 #include <math.h>
@@ -124,18 +125,21 @@ static void run_fixed(float* S, const float* q, const float* k, const float* v, 
 // q, k, g [N, H, Dk], v [N, H, Dv], beta [N, H] (float32, contiguous); cu [B + 1] token offsets of
 // the B sequences; slots [B] their rows of the state pool [S, H, Dk, Dv] (updated in place); fresh
 // [B]: 1 where the sequence starts at position 0 (its row's content is ignored); out [N, H, Dv]
+// Every head of every sequence is independent: the step's (sequence, head) pairs, numbered
+// head-major (h * B + b) so that each part gets a share of a long prefill's heads, split over
+// `threads` of torch's OpenMP team (parallel.h), with the same numbers as one thread.
 extern "C" void kda_recurrent_f32(const float* q, const float* k, const float* v, const float* g, const float* beta,
                                   const int64_t* cu, int64_t B, const int64_t* slots, const uint8_t* fresh,
-                                  float* pool, int64_t H, int64_t Dk, int64_t Dv, float* out) {
-    thread_local std::vector<float> scratch;
-    scratch.resize(3 * Dk + Dv);
-    float *qn = scratch.data(), *kn = qn + Dk, *a = kn + Dk, *u = a + Dk;
-    for (int64_t b = 0; b < B; b++) {
-        float* state = pool + slots[b] * H * Dk * Dv;
-        if (fresh[b])
-            for (int64_t i = 0; i < H * Dk * Dv; i++) state[i] = 0.0f;
-        for (int64_t h = 0; h < H; h++) {          // a head's state stays in L1 across the tokens
-            float* S = state + h * Dk * Dv;
+                                  float* pool, int64_t H, int64_t Dk, int64_t Dv, float* out, int64_t threads) {
+    parallel_rows(B * H, threads, [&](int64_t first, int64_t count) {
+        thread_local std::vector<float> scratch;
+        scratch.resize(3 * Dk + Dv);
+        float *qn = scratch.data(), *kn = qn + Dk, *a = kn + Dk, *u = a + Dk;
+        for (int64_t unit = first; unit < first + count; unit++) {
+            const int64_t b = unit % B, h = unit / B;
+            float* S = pool + (slots[b] * H + h) * Dk * Dv;   // stays in L1 across the sequence's tokens
+            if (fresh[b])
+                for (int64_t i = 0; i < Dk * Dv; i++) S[i] = 0.0f;
             switch (Dv % 8 ? 0 : Dv / 8) {
                 case 1: run_fixed<1>(S, q, k, v, g, beta, cu[b], cu[b + 1], H, h, Dk, qn, kn, a, out); continue;
                 case 2: run_fixed<2>(S, q, k, v, g, beta, cu[b], cu[b + 1], H, h, Dk, qn, kn, a, out); continue;
@@ -148,5 +152,5 @@ extern "C" void kda_recurrent_f32(const float* q, const float* k, const float* v
                 step(S, q + hk, k + hk, v + hv, g + hk, beta[t * H + h], Dk, Dv, qn, kn, a, u, out + hv);
             }
         }
-    }
+    });
 }

@@ -11,15 +11,19 @@ import functools
 import torch
 
 from . import row_gemm
-from .build import load, why_unavailable
+from .build import OPENMP, load, why_unavailable
+from .row_split import team_threads
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
+# tokens a thread's share of the step's (sequence, head) pairs should cover on average: decode
+# steps (a token per sequence) stay on one thread, a prefill chunk's heads split
+_PART_TOKENS = 64
 
 
 @functools.lru_cache(maxsize=1)
 def _function():
-    fn = load("kda_recurrent", row_gemm.ARCH_FLAGS).kda_recurrent_f32
-    fn.argtypes, fn.restype = [_P, _P, _P, _P, _P, _P, _I, _P, _P, _P, _I, _I, _I, _P], None
+    fn = load("kda_recurrent", row_gemm.ARCH_FLAGS + OPENMP).kda_recurrent_f32
+    fn.argtypes, fn.restype = [_P, _P, _P, _P, _P, _P, _I, _P, _P, _P, _I, _I, _I, _P, _I], None
     return fn
 
 
@@ -48,6 +52,9 @@ def kda_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tenso
     rows = slots.to(torch.int64).contiguous()
     new = fresh.to(torch.uint8).contiguous()
     out = torch.empty(n, heads, dv, dtype=torch.float32)
-    _function()(qf.data_ptr(), kf.data_ptr(), vf.data_ptr(), gf.data_ptr(), bf.data_ptr(), cu.data_ptr(),
-                rows.shape[0], rows.data_ptr(), new.data_ptr(), rec_state.data_ptr(), heads, dk, dv, out.data_ptr())
+    fn = _function()
+    pairs = rows.shape[0] * heads
+    fn(qf.data_ptr(), kf.data_ptr(), vf.data_ptr(), gf.data_ptr(), bf.data_ptr(), cu.data_ptr(), rows.shape[0],
+       rows.data_ptr(), new.data_ptr(), rec_state.data_ptr(), heads, dk, dv, out.data_ptr(),
+       team_threads(pairs, -(-pairs * _PART_TOKENS // max(n, 1))))
     return out.to(v.dtype)

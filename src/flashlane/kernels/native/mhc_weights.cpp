@@ -14,6 +14,9 @@
 // - mhc_collapse_*: hc_pre's collapse sum_i pre[i] X[i], summed in float32 in stream order and
 //   rounded once to the streams' dtype, as the formula's promotion to float32 does.
 // (_f32 / _bf16: the streams' dtype, through simd.h's F32 / Bf16 element access.)
+// Every token is computed on its own, so each entry splits its tokens over `threads` of torch's
+// OpenMP team (parallel.h) with the same numbers as one thread.
+#include "parallel.h"
 #include "simd.h"
 #include <immintrin.h>
 #include <math.h>
@@ -28,8 +31,8 @@ static inline __m256 sigmoid8(__m256 x) {
 
 // mixed [N, (2 + n) n] (a_pre | a_post | a_comb row-major); base [(2 + n) n]; scale = (pre, post,
 // comb); outputs pre [N, n], post [N, n], comb [N, n, n]
-extern "C" void mhc_weights_f32(const float* mixed, int64_t N, int64_t n, const float* base, const float* scale,
-                                float hc_eps, int64_t iters, float* pre, float* post, float* comb) {
+static void weights_rows(const float* mixed, int64_t N, int64_t n, const float* base, const float* scale,
+                         float hc_eps, int64_t iters, float* pre, float* post, float* comb) {
     const int64_t width = (2 + n) * n;
     thread_local std::vector<float> lanes;          // [width][8]: one token per lane
     lanes.resize(width * 8);
@@ -93,9 +96,46 @@ extern "C" void mhc_weights_f32(const float* mixed, int64_t N, int64_t n, const 
 // y [N, H], streams X [N, n, H], post [N, n], comb [N, n, n] -> out [N, n, H]. In bf16, post y and
 // comb^T X are each rounded, then their sum, as torch's bf16 formula rounds (post and comb given
 // already rounded to bf16 values, as the formula's casts make them).
+// NS streams known at compile time: each 8-wide column block of the n stream rows is loaded once
+// for all n outputs (the general loop below loads it n times); the same sums in the same order.
+template <typename D, int NS>
+static void post_mix_fixed(const typename D::T* y, const typename D::T* X, const float* post, const float* comb,
+                           int64_t N, int64_t H, typename D::T* out) {
+    for (int64_t t = 0; t < N; t++) {
+        const typename D::T* yt = y + t * H;
+        const typename D::T* xt = X + t * NS * H;
+        const float* ct = comb + t * NS * NS;
+        __m256 c[NS][NS], p[NS];
+        for (int i = 0; i < NS; i++)
+            for (int j = 0; j < NS; j++) c[i][j] = _mm256_set1_ps(ct[i * NS + j]);
+        for (int j = 0; j < NS; j++) p[j] = _mm256_set1_ps(post[t * NS + j]);
+        int64_t h = 0;
+        for (; h + 8 <= H; h += 8) {
+            __m256 acc[NS];
+            for (int j = 0; j < NS; j++) acc[j] = _mm256_setzero_ps();
+            for (int i = 0; i < NS; i++) {
+                const __m256 x = D::load8(xt + i * H + h);
+                for (int j = 0; j < NS; j++) acc[j] = _mm256_fmadd_ps(c[i][j], x, acc[j]);
+            }
+            const __m256 yv = D::load8(yt + h);
+            for (int j = 0; j < NS; j++)
+                D::store8(out + (t * NS + j) * H + h,
+                          _mm256_add_ps(D::round8(_mm256_mul_ps(p[j], yv)), D::round8(acc[j])));
+        }
+        for (; h < H; h++)
+            for (int j = 0; j < NS; j++) {
+                float acc = 0.0f;
+                for (int i = 0; i < NS; i++) acc = fmaf(ct[i * NS + j], D::value1(xt[i * H + h]), acc);
+                D::store1(out + (t * NS + j) * H + h, D::round1(post[t * NS + j] * D::value1(yt[h])) + D::round1(acc));
+            }
+    }
+}
+
 template <typename D>
 static void post_mix(const typename D::T* y, const typename D::T* X, const float* post, const float* comb, int64_t N,
                      int64_t n, int64_t H, typename D::T* out) {
+    if (n == 4) return post_mix_fixed<D, 4>(y, X, post, comb, N, H, out);
+    if (n == 2) return post_mix_fixed<D, 2>(y, X, post, comb, N, H, out);
     for (int64_t t = 0; t < N; t++) {
         const typename D::T* yt = y + t * H;
         const typename D::T* xt = X + t * n * H;
@@ -156,29 +196,60 @@ static void collapse(const typename D::T* X, const float* pre, int64_t N, int64_
     }
 }
 
+extern "C" void mhc_weights_f32(const float* mixed, int64_t N, int64_t n, const float* base, const float* scale,
+                                float hc_eps, int64_t iters, float* pre, float* post, float* comb, int64_t threads) {
+    const int64_t width = (2 + n) * n;
+    parallel_rows(N, threads, [&](int64_t t, int64_t count) {
+        weights_rows(mixed + t * width, count, n, base, scale, hc_eps, iters, pre + t * n, post + t * n,
+                     comb + t * n * n);
+    });
+}
+
+template <typename D>
+static void post_split(const typename D::T* y, const typename D::T* X, const float* post, const float* comb, int64_t N,
+                       int64_t n, int64_t H, typename D::T* out, int64_t threads) {
+    parallel_rows(N, threads, [&](int64_t t, int64_t count) {
+        post_mix<D>(y + t * H, X + t * n * H, post + t * n, comb + t * n * n, count, n, H, out + t * n * H);
+    });
+}
+
+template <typename D>
+static void norm_split(const typename D::T* x, int64_t N, int64_t W, float eps, float* out, int64_t threads) {
+    parallel_rows(N, threads, [&](int64_t t, int64_t count) { norm_rows<D>(x + t * W, count, W, eps, out + t * W); });
+}
+
+template <typename D>
+static void collapse_split(const typename D::T* X, const float* pre, int64_t N, int64_t n, int64_t H,
+                           typename D::T* out, int64_t threads) {
+    parallel_rows(N, threads, [&](int64_t t, int64_t count) {
+        collapse<D>(X + t * n * H, pre + t * n, count, n, H, out + t * H);
+    });
+}
+
 extern "C" void mhc_post_f32(const float* y, const float* X, const float* post, const float* comb, int64_t N,
-                             int64_t n, int64_t H, float* out) {
-    post_mix<F32>(y, X, post, comb, N, n, H, out);
+                             int64_t n, int64_t H, float* out, int64_t threads) {
+    post_split<F32>(y, X, post, comb, N, n, H, out, threads);
 }
 
 extern "C" void mhc_post_bf16(const uint16_t* y, const uint16_t* X, const float* post, const float* comb, int64_t N,
-                              int64_t n, int64_t H, uint16_t* out) {
-    post_mix<Bf16>(y, X, post, comb, N, n, H, out);
+                              int64_t n, int64_t H, uint16_t* out, int64_t threads) {
+    post_split<Bf16>(y, X, post, comb, N, n, H, out, threads);
 }
 
-extern "C" void mhc_norm_f32(const float* x, int64_t N, int64_t W, float eps, float* out) {
-    norm_rows<F32>(x, N, W, eps, out);
+extern "C" void mhc_norm_f32(const float* x, int64_t N, int64_t W, float eps, float* out, int64_t threads) {
+    norm_split<F32>(x, N, W, eps, out, threads);
 }
 
-extern "C" void mhc_norm_bf16(const uint16_t* x, int64_t N, int64_t W, float eps, float* out) {
-    norm_rows<Bf16>(x, N, W, eps, out);
+extern "C" void mhc_norm_bf16(const uint16_t* x, int64_t N, int64_t W, float eps, float* out, int64_t threads) {
+    norm_split<Bf16>(x, N, W, eps, out, threads);
 }
 
-extern "C" void mhc_collapse_f32(const float* X, const float* pre, int64_t N, int64_t n, int64_t H, float* out) {
-    collapse<F32>(X, pre, N, n, H, out);
+extern "C" void mhc_collapse_f32(const float* X, const float* pre, int64_t N, int64_t n, int64_t H, float* out,
+                                 int64_t threads) {
+    collapse_split<F32>(X, pre, N, n, H, out, threads);
 }
 
 extern "C" void mhc_collapse_bf16(const uint16_t* X, const float* pre, int64_t N, int64_t n, int64_t H,
-                                  uint16_t* out) {
-    collapse<Bf16>(X, pre, N, n, H, out);
+                                  uint16_t* out, int64_t threads) {
+    collapse_split<Bf16>(X, pre, N, n, H, out, threads);
 }

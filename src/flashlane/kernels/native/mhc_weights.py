@@ -2,7 +2,9 @@
 weights' sigmoid / softmax / Sinkhorn part, ~120 torch ops on tensors of a few floats, and the
 collapse) and ``hc_post``, for float32 and bfloat16 streams. Each returns None where the inputs
 are not its case (another device or dtype, inside a compiled graph, autograd recording, or the
-kernel unavailable) and the caller runs the torch formulas."""
+kernel unavailable) and the caller runs the torch formulas. A prefill's tokens are split over
+torch's OpenMP team (``parallel.h``); every token is computed on its own, so the numbers do not
+depend on the split."""
 
 from __future__ import annotations
 
@@ -12,26 +14,30 @@ import functools
 import torch
 
 from . import row_gemm
-from .build import load, why_unavailable
+from .build import OPENMP, load, why_unavailable
+from .row_split import team_threads
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
+# stream values (tokens x streams x width) a thread's share should hold at least: decode steps stay
+# on one thread, a prefill chunk's tokens split
+_PART_VALUES = 1 << 16
 
 
 @functools.lru_cache(maxsize=1)
 def _functions():
-    lib = load("mhc_weights", row_gemm.ARCH_FLAGS)
+    lib = load("mhc_weights", row_gemm.ARCH_FLAGS + OPENMP)
     weights = lib.mhc_weights_f32
     # per streams dtype
     post = {torch.float32: lib.mhc_post_f32, torch.bfloat16: lib.mhc_post_bf16}
     norm = {torch.float32: lib.mhc_norm_f32, torch.bfloat16: lib.mhc_norm_bf16}
     collapse = {torch.float32: lib.mhc_collapse_f32, torch.bfloat16: lib.mhc_collapse_bf16}
-    weights.argtypes, weights.restype = [_P, _I, _I, _P, _P, ctypes.c_float, _I, _P, _P, _P], None
+    weights.argtypes, weights.restype = [_P, _I, _I, _P, _P, ctypes.c_float, _I, _P, _P, _P, _I], None
     for fn in post.values():
-        fn.argtypes, fn.restype = [_P, _P, _P, _P, _I, _I, _I, _P], None
+        fn.argtypes, fn.restype = [_P, _P, _P, _P, _I, _I, _I, _P, _I], None
     for fn in norm.values():
-        fn.argtypes, fn.restype = [_P, _I, _I, ctypes.c_float, _P], None
+        fn.argtypes, fn.restype = [_P, _I, _I, ctypes.c_float, _P, _I], None
     for fn in collapse.values():
-        fn.argtypes, fn.restype = [_P, _P, _I, _I, _I, _P], None
+        fn.argtypes, fn.restype = [_P, _P, _I, _I, _I, _P, _I], None
     return weights, post, norm, collapse
 
 
@@ -46,6 +52,10 @@ def _eager(*tensors: torch.Tensor) -> bool:
             and not row_gemm.tracks_grad(*tensors) and unavailable() is None)
 
 
+def _threads(tokens: int, values_per_token: int) -> int:
+    return team_threads(tokens, max(1, _PART_VALUES // max(values_per_token, 1)))
+
+
 def mhc_weights(mixed: torch.Tensor, n: int, base: torch.Tensor, scale: torch.Tensor, hc_eps: float,
                 iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """mixed [N, (2 + n) n] float32 -> (pre [N, n], post [N, n], comb [N, n, n]), or None."""
@@ -56,8 +66,9 @@ def mhc_weights(mixed: torch.Tensor, n: int, base: torch.Tensor, scale: torch.Te
     count = rows.shape[0]
     pre, post = torch.empty(count, n), torch.empty(count, n)
     comb = torch.empty(count, n, n)
+    # a token's weights: about one multiply-add per entry and Sinkhorn iteration
     _functions()[0](rows.data_ptr(), count, n, b.data_ptr(), s.data_ptr(), hc_eps, iters, pre.data_ptr(),
-                post.data_ptr(), comb.data_ptr())
+                    post.data_ptr(), comb.data_ptr(), _threads(count, rows.shape[1] * iters))
     return pre, post, comb
 
 
@@ -76,13 +87,13 @@ def hc_pre(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: t
     x = streams.contiguous()
     _, _, norm, collapse = _functions()
     flat = torch.empty(count, n * h, dtype=torch.float32)
-    norm[dtype](x.data_ptr(), count, n * h, norm_eps, flat.data_ptr())
+    norm[dtype](x.data_ptr(), count, n * h, norm_eps, flat.data_ptr(), _threads(count, n * h))
     weights = mhc_weights(torch.nn.functional.linear(flat, fn.float()), n, base, scale, hc_eps, sinkhorn_iters)
     if weights is None:
         return None
     pre, post, comb = weights
     collapsed = torch.empty(count, h, dtype=dtype)
-    collapse[dtype](x.data_ptr(), pre.data_ptr(), count, n, h, collapsed.data_ptr())
+    collapse[dtype](x.data_ptr(), pre.data_ptr(), count, n, h, collapsed.data_ptr(), _threads(count, n * h))
     return collapsed, post, comb
 
 
@@ -100,5 +111,6 @@ def mhc_post(y: torch.Tensor, streams: torch.Tensor, post: torch.Tensor,
     x, yc = streams.contiguous(), y.contiguous()
     p, c = post.to(dtype).float().contiguous(), comb.to(dtype).float().contiguous()
     out = torch.empty(count, n, h, dtype=dtype)
-    _functions()[1][dtype](yc.data_ptr(), x.data_ptr(), p.data_ptr(), c.data_ptr(), count, n, h, out.data_ptr())
+    _functions()[1][dtype](yc.data_ptr(), x.data_ptr(), p.data_ptr(), c.data_ptr(), count, n, h, out.data_ptr(),
+                           _threads(count, n * n * h))
     return out

@@ -1,8 +1,10 @@
 // The per-token glue of a decoder layer in one call each instead of a handful of torch ops:
 // RMSNorm (``w * (x * rsqrt(mean(x^2) + eps))``) and rotate-half RoPE, in float32 or bfloat16,
-// one thread; each row is computed on its own in a fixed order (batch-invariant). bf16 rounds
+// rows split over `threads` of torch's OpenMP team (parallel.h); each row is computed on its own
+// in a fixed order (batch-invariant, and the same on any number of threads). bf16 rounds
 // where torch's bf16 formulas round (kernels/norm.py, kernels/rope.py): the norm in float32,
 // rounded, then times the weight, rounded; RoPE's two products and their sum each rounded.
+#include "parallel.h"
 #include "simd.h"
 #include <immintrin.h>
 #include <math.h>
@@ -55,23 +57,34 @@ void rope_half(const typename D::T* x, int64_t n, int64_t heads, int64_t Dim, in
 
 // x [rows, dim] (row stride x_stride) -> out [rows, dim] contiguous
 extern "C" void rms_norm_f32(const float* x, int64_t rows, int64_t dim, int64_t x_stride, const float* w, float eps,
-                             float* out) {
-    rms_norm<F32>(x, rows, dim, x_stride, w, eps, out);
+                             float* out, int64_t threads) {
+    parallel_rows(rows, threads, [&](int64_t r, int64_t count) {
+        rms_norm<F32>(x + r * x_stride, count, dim, x_stride, w, eps, out + r * dim);
+    });
 }
 
 extern "C" void rms_norm_bf16(const uint16_t* x, int64_t rows, int64_t dim, int64_t x_stride, const uint16_t* w,
-                              float eps, uint16_t* out) {
-    rms_norm<Bf16>(x, rows, dim, x_stride, w, eps, out);
+                              float eps, uint16_t* out, int64_t threads) {
+    parallel_rows(rows, threads, [&](int64_t r, int64_t count) {
+        rms_norm<Bf16>(x + r * x_stride, count, dim, x_stride, w, eps, out + r * dim);
+    });
 }
 
 // x [n, heads, D] (strides row_stride, head_stride; last dim contiguous), cos/sin [n, D] float32
 // contiguous -> out [n, heads, D] contiguous: out = x * cos + rotate_half(x) * sin
 extern "C" void rope_half_f32(const float* x, int64_t n, int64_t heads, int64_t D, int64_t row_stride,
-                              int64_t head_stride, const float* cos_, const float* sin_, float* out) {
-    rope_half<F32>(x, n, heads, D, row_stride, head_stride, cos_, sin_, out);
+                              int64_t head_stride, const float* cos_, const float* sin_, float* out, int64_t threads) {
+    parallel_rows(n, threads, [&](int64_t r, int64_t count) {
+        rope_half<F32>(x + r * row_stride, count, heads, D, row_stride, head_stride, cos_ + r * D, sin_ + r * D,
+                       out + r * heads * D);
+    });
 }
 
 extern "C" void rope_half_bf16(const uint16_t* x, int64_t n, int64_t heads, int64_t D, int64_t row_stride,
-                               int64_t head_stride, const float* cos_, const float* sin_, uint16_t* out) {
-    rope_half<Bf16>(x, n, heads, D, row_stride, head_stride, cos_, sin_, out);
+                               int64_t head_stride, const float* cos_, const float* sin_, uint16_t* out,
+                               int64_t threads) {
+    parallel_rows(n, threads, [&](int64_t r, int64_t count) {
+        rope_half<Bf16>(x + r * row_stride, count, heads, D, row_stride, head_stride, cos_ + r * D, sin_ + r * D,
+                        out + r * heads * D);
+    });
 }

@@ -1,7 +1,8 @@
 """RMSNorm and rotate-half RoPE through ``norm_rope.cpp`` (float32 or bfloat16, eager; bf16
 rounds where torch's bf16 formulas round). Each function returns None where the inputs are not
 its case (another dtype, mixed dtypes, a non-unit inner stride, inside a compiled graph, or the
-kernel unavailable), and the caller runs its torch formula."""
+kernel unavailable), and the caller runs its torch formula. A prefill's rows are split over
+torch's OpenMP team (``parallel.h``), with the same numbers as one thread."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ import functools
 import torch
 
 from . import row_gemm
-from .build import load, why_unavailable
+from .build import OPENMP, load, why_unavailable
+from .row_split import team_threads
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
+# values a thread's share should hold at least: decode rows stay on one thread
+_PART_VALUES = 1 << 16
 
 
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
@@ -21,10 +25,10 @@ _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 @functools.lru_cache(maxsize=None)
 def _functions(dtype: torch.dtype = torch.float32):
-    lib = load("norm_rope", row_gemm.ARCH_FLAGS)
+    lib = load("norm_rope", row_gemm.ARCH_FLAGS + OPENMP)
     norm, rope = getattr(lib, f"rms_norm_{_SUFFIX[dtype]}"), getattr(lib, f"rope_half_{_SUFFIX[dtype]}")
-    norm.argtypes, norm.restype = [_P, _I, _I, _I, _P, ctypes.c_float, _P], None
-    rope.argtypes, rope.restype = [_P, _I, _I, _I, _I, _I, _P, _P, _P], None
+    norm.argtypes, norm.restype = [_P, _I, _I, _I, _P, ctypes.c_float, _P, _I], None
+    rope.argtypes, rope.restype = [_P, _I, _I, _I, _I, _I, _P, _P, _P, _I], None
     return norm, rope
 
 
@@ -51,7 +55,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
     out = torch.empty(x.shape, dtype=x.dtype)
     if rows.numel():
         _functions(x.dtype)[0](rows.data_ptr(), rows.shape[0], dim, rows.stride(0),
-                               weight.contiguous().data_ptr(), eps, out.data_ptr())
+                               weight.contiguous().data_ptr(), eps, out.data_ptr(), _threads(rows.shape[0], dim))
     return out
 
 
@@ -67,5 +71,9 @@ def rope_rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
     out = torch.empty(n, heads, d, dtype=x.dtype)
     if out.numel():
         _functions(x.dtype)[1](x.data_ptr(), n, heads, d, x.stride(0), x.stride(1), cos.data_ptr(),
-                               sin.data_ptr(), out.data_ptr())
+                               sin.data_ptr(), out.data_ptr(), _threads(n, heads * d))
     return out
+
+
+def _threads(rows: int, values_per_row: int) -> int:
+    return team_threads(rows, max(1, _PART_VALUES // max(values_per_row, 1)))

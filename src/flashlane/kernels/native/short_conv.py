@@ -11,15 +11,19 @@ import functools
 import torch
 
 from . import row_gemm
-from .build import load, why_unavailable
+from .build import OPENMP, load, why_unavailable
+from .row_split import team_threads
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
+# tokens of one sequence a thread's share should hold at least: a prefill chunk's tokens split over
+# torch's OpenMP team (``parallel.h``), decode tokens stay on one thread
+_PART_TOKENS = 64
 
 
 @functools.lru_cache(maxsize=1)
 def _function():
-    fn = load("short_conv", row_gemm.ARCH_FLAGS).short_conv_f32
-    fn.argtypes, fn.restype = [_P, _I, _P, _I, _I, _P, _P, _I, _P, _P, _P], None
+    fn = load("short_conv", row_gemm.ARCH_FLAGS + OPENMP).short_conv_f32
+    fn.argtypes, fn.restype = [_P, _I, _P, _I, _I, _P, _P, _I, _P, _P, _P, _I, _I], None
     return fn
 
 
@@ -56,7 +60,8 @@ def short_conv_varlen(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.T
         state_rows = torch.arange(rows.shape[0], dtype=torch.int64)
     out = torch.empty(x.shape[0], channels, dtype=torch.float32)
     _function()(xf.data_ptr(), xf.stride(0), wf.data_ptr(), channels, k, state.data_ptr(), cu.data_ptr(),
-                rows.shape[0], state_rows.data_ptr(), new.data_ptr(), out.data_ptr())
+                rows.shape[0], state_rows.data_ptr(), new.data_ptr(), out.data_ptr(),
+                team_threads(x.shape[0], _PART_TOKENS), _PART_TOKENS)
     if state is not conv_state:
         conv_state.index_copy_(0, rows, state.to(conv_state.dtype))
     return out.to(x.dtype)

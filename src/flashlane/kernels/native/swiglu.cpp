@@ -2,6 +2,7 @@
 // (g / (1 + e^-g), simd.h's exp), then the product. torch's bf16 silu and mul run at about 1 ns an
 // element on one core, which made them a sixth of a llama prefill; this is one pass. Built twice
 // (swiglu.py): with AVX-512 where the CPU has it (sixteen lanes), else AVX2; the two round alike.
+#include "parallel.h"
 #include "simd.h"
 
 #include <math.h>
@@ -41,19 +42,21 @@ static void clamp_bf16(const uint16_t* g, const uint16_t* u, uint16_t* gc, uint1
     }
 }
 
-// rows [first, first + count) of gate / up [rows, n] (row strides ldg / ldu) -> out [rows, n];
-// limit: the clamp, or a negative value for none
+// gate / up [rows, n] (row strides ldg / ldu) -> out [rows, n], the rows split over `threads` of
+// torch's OpenMP team (parallel.h); limit: the clamp, or a negative value for none
 extern "C" void swiglu_bf16(const uint16_t* g, int64_t ldg, const uint16_t* u, int64_t ldu, uint16_t* out, int64_t n,
-                            float limit, int64_t first, int64_t count) {
-    uint16_t* gc = nullptr;
-    if (limit >= 0.0f) gc = new uint16_t[2 * n];
-    for (int64_t r = first; r < first + count; r++) {
-        const uint16_t *gr = g + r * ldg, *ur = u + r * ldu;
-        if (gc) {
-            clamp_bf16(gr, ur, gc, gc + n, n, limit);
-            gr = gc, ur = gc + n;
+                            float limit, int64_t rows, int64_t threads) {
+    parallel_rows(rows, threads, [&](int64_t first, int64_t count) {
+        uint16_t* gc = nullptr;
+        if (limit >= 0.0f) gc = new uint16_t[2 * n];
+        for (int64_t r = first; r < first + count; r++) {
+            const uint16_t *gr = g + r * ldg, *ur = u + r * ldu;
+            if (gc) {
+                clamp_bf16(gr, ur, gc, gc + n, n, limit);
+                gr = gc, ur = gc + n;
+            }
+            silu_mul_bf16(gr, ur, out + r * n, n);
         }
-        silu_mul_bf16(gr, ur, out + r * n, n);
-    }
-    delete[] gc;
+        delete[] gc;
+    });
 }

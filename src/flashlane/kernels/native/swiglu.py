@@ -1,4 +1,4 @@
-"""SwiGLU of a bfloat16 model through ``swiglu.cpp`` (eager, rows split over torch's threads).
+"""SwiGLU of a bfloat16 model through ``swiglu.cpp`` (eager, rows split over torch's OpenMP team).
 ``swiglu`` returns None where the inputs are not its case (not bf16, shapes or devices that
 differ, a non-unit inner stride, inside a compiled graph, autograd, the kernel unavailable), and
 the caller runs the torch formula.
@@ -13,8 +13,8 @@ import functools
 import torch
 
 from . import row_gemm
-from .build import load
-from .row_split import run_split
+from .build import OPENMP, load
+from .row_split import team_threads
 from .simd_variants import VARIANT_FLAGS, Variants
 from .simd_variants import cpu_unavailable as cpu_unavailable   # re-exported: the variant's CPU needs
 
@@ -25,7 +25,7 @@ _PART_VALUES = 1 << 16
 
 @functools.lru_cache(maxsize=None)
 def _function(variant: str):
-    fn = load("swiglu", VARIANT_FLAGS[variant]).swiglu_bf16
+    fn = load("swiglu", VARIANT_FLAGS[variant] + OPENMP).swiglu_bf16
     fn.argtypes, fn.restype = [_P, _I, _P, _I, _P, _I, ctypes.c_float, _I, _I], None
     return fn
 
@@ -49,11 +49,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None = None,
     rows = g.shape[0]
     if not out.numel():
         return out
-    fn = _function(variant or best_variant())
-
-    def call(first: int, count: int) -> None:
-        fn(g.data_ptr(), g.stride(0), u.data_ptr(), u.stride(0), out.data_ptr(), n,
-           -1.0 if limit is None else limit, first, count)
-
-    run_split(call, rows, max(1, _PART_VALUES // max(n, 1)))
+    _function(variant or best_variant())(g.data_ptr(), g.stride(0), u.data_ptr(), u.stride(0), out.data_ptr(), n,
+                                         -1.0 if limit is None else limit, rows,
+                                         team_threads(rows, max(1, _PART_VALUES // max(n, 1))))
     return out
