@@ -1,8 +1,9 @@
-"""Native kernels that split a prefill's rows over torch's OpenMP team (``native/parallel.h``): the
-mHC kernels, the KDA recurrence, the short convolution, RMSNorm / RoPE and bf16 SwiGLU give the
-same numbers on two threads as on one (each row, token or head is computed on its own), the split
-really happens (``team_threads``), decode-sized work stays on one thread, and the kernels share
-torch's OpenMP runtime instead of starting a team of their own."""
+"""Native kernels split their rows over torch's OpenMP team (``native/parallel.h``): the mHC
+kernels, the KDA recurrence, the short convolution, RMSNorm / RoPE, bf16 SwiGLU, the indexer's
+scores and top-k, paged decode attention, the AMX prefill attention and the AMX few-row linear
+give the same numbers on two threads as on one (each row, token or head is computed on its own),
+the split really happens (``team_threads``), decode-sized work stays on one thread, and the
+kernels share torch's OpenMP runtime instead of starting a team of their own."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ import sys
 import pytest
 import torch
 
-from flashlane.kernels.native import build, kda_recurrent, mhc_weights, norm_rope, row_split, swiglu
+from flashlane.kernels.native import (build, index_scores, kda_recurrent, mhc_weights, norm_rope, paged_attention,
+                                      prefill_attention, row_gemm, row_split, swiglu, top_pools)
 from flashlane.kernels.native import short_conv as short_conv_native
 
-KERNELS = (mhc_weights, kda_recurrent, short_conv_native, norm_rope, swiglu)
+KERNELS = (mhc_weights, kda_recurrent, short_conv_native, norm_rope, swiglu, index_scores, top_pools, paged_attention)
 why = next((k.unavailable() for k in KERNELS if k.unavailable()), None)
 pytestmark = pytest.mark.skipif(why is not None, reason=f"native kernel unavailable: {why}")
+WHY_NO_AMX = prefill_attention.unavailable() or row_gemm.amx_unavailable()
 
 
 def _on(threads: int, fn):
@@ -78,7 +81,28 @@ def _cases():
     heads = torch.randn(3000, 5, 32, generator=g).to(bf)[:, :3]          # strided rows and heads
     cos, sin = torch.randn(3000, 32, generator=g).to(bf), torch.randn(3000, 32, generator=g).to(bf)
     gate, up = torch.randn(700, 256, generator=g).to(bf), torch.randn(700, 256, generator=g).to(bf)
+    def scores():
+        q, w = torch.randn(2, 600, 2, 32, generator=g), torch.randn(2, 600, 2, generator=g)
+        keys, picks = torch.randn(2, 1500, 32, generator=g), torch.randn(300, 2048, generator=g)
+        return lambda: (index_scores.index_scores(q, w, keys, 0.2), top_pools.top_pools(picks, 64))
+
+    def decode(dtype):
+        pool = torch.randn(4096, 2 * 3 * 64, generator=g).to(dtype)
+        lens = torch.tensor([1500, 37, 2000, 900])
+        tables = torch.stack([torch.randperm(4096 // 16, generator=g)[:125] for _ in lens])
+        q = torch.randn(len(lens), 9, 64, generator=g)
+        return lambda: paged_attention.decode_attention(q, pool, tables, lens, 3, 16)
+
+    def amx():
+        pool = torch.randn(80 * 16, 2 * 3 * 64, generator=g).bfloat16()
+        table, q = torch.randperm(80, generator=g)[:72], torch.randn(900, 9, 64, generator=g).bfloat16()
+        x, w = torch.randn(8, 576, generator=g).bfloat16(), torch.randn(1536, 576, generator=g).bfloat16()
+        return lambda: (prefill_attention.prefill_attention(q, pool, table, 250, 3, 16, torch.empty_like(q)),
+                        row_gemm.linear(x, w, None))
+
     return {
+        "index scores and top-k": scores(), "decode attention fp32": decode(torch.float32),
+        "decode attention bf16": decode(bf), "amx prefill attention and linear": amx(),
         "mhc 4 streams bf16": mhc(4, bf), "mhc 2 streams fp32": mhc(2, torch.float32), "mhc 3 streams": mhc(3, bf),
         "kda one prefill": kda([2048]), "kda prefill among decodes": kda([1, 900, 3]),
         "conv one prefill": conv([2048]), "conv prefill among decodes": conv([1, 700, 2]),
@@ -90,6 +114,8 @@ def _cases():
 
 @pytest.mark.parametrize("name", list(_cases()))
 def test_two_threads_give_the_numbers_of_one(name):
+    if name.startswith("amx") and WHY_NO_AMX:
+        pytest.skip(f"AMX kernels unavailable: {WHY_NO_AMX}")
     run = _cases()[name]
     one = _on(1, run)
     assert _equal(one, _on(2, run)), name
@@ -106,6 +132,8 @@ def test_prefill_work_takes_the_team_and_decode_work_stays_on_one_thread(monkeyp
         monkeypatch.setattr(module, "team_threads", recorded)
     _on(2, _cases()["mhc 4 streams bf16"])
     _on(2, _cases()["kda one prefill"])
+    _on(2, _cases()["index scores and top-k"])
+    _on(2, _cases()["decode attention bf16"])
     assert asked and all(t == 2 for t in asked)
     asked.clear()
     g = torch.Generator().manual_seed(1)

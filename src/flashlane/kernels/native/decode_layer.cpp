@@ -70,7 +70,7 @@ extern "C" void llama_decode_layer_f32(const float* h, int64_t M, int64_t D, int
         for (int64_t i = 0; i < nkv; i++) row[i] = kr[m * nkv + i];
         for (int64_t i = 0; i < nkv; i++) row[nkv + i] = v[m * nkv + i];
     }
-    paged_decode_f32(qr, pool, row_stride, tables, table_stride, lens, Hq, Hkv, hd, page, scale, att, 0, M * Hkv);
+    paged_decode_f32(qr, pool, row_stride, tables, table_stride, lens, Hq, Hkv, hd, page, scale, att, M * Hkv, 1);
     linear(w->o, att, M, nq, D, o);
     add(h, o, h1, M * D);
     rms_norm_f32(h1, M, D, D, (const float*)w->ln2, eps, x, 1);

@@ -11,6 +11,7 @@
 // vectors hold 16 lanes (blocks of 32 pools), else 8 (AVX2, blocks of 16); both variants round
 // alike, lane for lane. The sums run in one fixed order whatever the batch (its rounding is not
 // torch's GEMM's).
+#include "parallel.h"
 #include "simd.h"
 
 #include <immintrin.h>
@@ -78,8 +79,8 @@ extern "C" int64_t index_scores_block() { return kBlock; }
 
 // rows of [rows, H, D] queries q and [rows, H] weights w, all of one sequence whose keys are kb
 // [ceil(M / block), D, block] (zero-padded past M); out [rows, M]
-extern "C" void index_scores_f32(const float* q, const float* w, const float* kb, int64_t rows, int64_t H, int64_t D,
-                                 int64_t M, float scale, float* out) {
+static void scores_rows(const float* q, const float* w, const float* kb, int64_t rows, int64_t H, int64_t D, int64_t M,
+                        float scale, float* out) {
     // the keys in spans of about kSpanBytes, each span scored by every row before the next: a span
     // stays in L2 while the rows stream past it (all of a long context's keys would not)
     const int64_t blocks = (M + kBlock - 1) / kBlock;
@@ -90,4 +91,12 @@ extern "C" void index_scores_f32(const float* q, const float* w, const float* kb
         for (; s + 4 <= rows; s += 4) tile<4>(q + s * H * D, w + s * H, kb, H, D, M, scale, first, last, out + s * M);
         for (; s < rows; s++) tile<1>(q + s * H * D, w + s * H, kb, H, D, M, scale, first, last, out + s * M);
     }
+}
+
+// the rows split over `threads` of torch's OpenMP team (parallel.h); each row's scores are its own
+extern "C" void index_scores_f32(const float* q, const float* w, const float* kb, int64_t rows, int64_t H, int64_t D,
+                                 int64_t M, float scale, float* out, int64_t threads) {
+    parallel_rows(rows, threads, [&](int64_t s, int64_t count) {
+        scores_rows(q + s * H * D, w + s * H, kb, count, H, D, M, scale, out + s * M);
+    });
 }

@@ -1,7 +1,7 @@
 """The DSA indexer's prefill scores through ``index_scores.cpp``: for one sequence's queries q
 [G, S, H, D] and head weights w [G, S, H] against its pooled keys [G, M, D],
 ``sum_h w * ReLU(scale * q_h . k)`` -> [G, S, M] float32, without the per-head products in
-memory; rows split over torch's threads (``run_split``). Returns None where the inputs are not
+memory; rows split over torch's OpenMP team (``parallel.h``). Returns None where the inputs are not
 its case (another device, inside a compiled graph, autograd recording, or the kernel
 unavailable) and the caller keeps torch's ``_score_pools``. Its sums run in a fixed order, not
 torch's GEMM's: scores agree to float32 rounding, not bit for bit.
@@ -16,8 +16,8 @@ import functools
 import torch
 
 from . import row_gemm
-from .build import load
-from .row_split import run_split
+from .build import OPENMP, load
+from .row_split import team_threads
 from .simd_variants import VARIANT_FLAGS, Variants
 from .simd_variants import cpu_unavailable as cpu_unavailable   # re-exported: the variant's CPU needs
 
@@ -26,8 +26,8 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 @functools.lru_cache(maxsize=None)
 def _library(variant: str):
-    lib = load("index_scores", VARIANT_FLAGS[variant])
-    lib.index_scores_f32.argtypes = [_P, _P, _P, _I, _I, _I, _I, ctypes.c_float, _P]
+    lib = load("index_scores", VARIANT_FLAGS[variant] + OPENMP)
+    lib.index_scores_f32.argtypes = [_P, _P, _P, _I, _I, _I, _I, ctypes.c_float, _P, _I]
     lib.index_scores_f32.restype = None
     lib.index_scores_block.argtypes, lib.index_scores_block.restype = [], _I
     return lib
@@ -55,8 +55,7 @@ def index_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, scale: fl
     kb = kb.view(g, blocks, width, d).transpose(2, 3).contiguous()     # [G, blocks, D, width]
     out = torch.empty(g, s, m, dtype=torch.float32)
     fn = lib.index_scores_f32
+    threads = team_threads(s, 16)
     for b in range(g):
-        qb, wb, ob = qf[b], wf[b], out[b]
-        run_split(lambda a, count: fn(qb[a:].data_ptr(), wb[a:].data_ptr(), kb[b].data_ptr(), count, h, d, m,
-                                      scale, ob[a:].data_ptr()), s, min_rows=16)
+        fn(qf[b].data_ptr(), wf[b].data_ptr(), kb[b].data_ptr(), s, h, d, m, scale, out[b].data_ptr(), threads)
     return out

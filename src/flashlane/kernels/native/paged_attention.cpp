@@ -11,6 +11,7 @@
 // sums run in another order than the eight-lane build's, so the two builds differ in the last
 // bits; float32 pools run eight lanes in every build, so the float32 decode layer (an AVX2 build)
 // and this kernel stay equal.
+#include "parallel.h"
 #include "simd.h"
 #include <immintrin.h>
 #include <stdint.h>
@@ -218,15 +219,20 @@ static void paged_decode(const float* q, const P* pool, int64_t row_stride, cons
     }
 }
 
-// float32 and bfloat16 pools (bf16 values widened exactly; the sums run in float32 either way)
+// float32 and bfloat16 pools (bf16 values widened exactly; the sums run in float32 either way); the
+// items (sequence, kv head) split over `threads` of torch's OpenMP team (parallel.h)
 extern "C" void paged_decode_f32(const float* q, const float* pool, int64_t row_stride, const int64_t* tables,
                                  int64_t table_stride, const int64_t* lens, int64_t Hq, int64_t Hkv, int64_t D,
-                                 int64_t page, float scale, float* out, int64_t first, int64_t count) {
-    paged_decode(q, pool, row_stride, tables, table_stride, lens, Hq, Hkv, D, page, scale, out, first, count);
+                                 int64_t page, float scale, float* out, int64_t items, int64_t threads) {
+    parallel_rows(items, threads, [&](int64_t first, int64_t count) {
+        paged_decode(q, pool, row_stride, tables, table_stride, lens, Hq, Hkv, D, page, scale, out, first, count);
+    });
 }
 
 extern "C" void paged_decode_bf16(const float* q, const uint16_t* pool, int64_t row_stride, const int64_t* tables,
                                   int64_t table_stride, const int64_t* lens, int64_t Hq, int64_t Hkv, int64_t D,
-                                  int64_t page, float scale, float* out, int64_t first, int64_t count) {
-    paged_decode(q, pool, row_stride, tables, table_stride, lens, Hq, Hkv, D, page, scale, out, first, count);
+                                  int64_t page, float scale, float* out, int64_t items, int64_t threads) {
+    parallel_rows(items, threads, [&](int64_t first, int64_t count) {
+        paged_decode(q, pool, row_stride, tables, table_stride, lens, Hq, Hkv, D, page, scale, out, first, count);
+    });
 }

@@ -1,9 +1,9 @@
 """Decode attention over a float32 or bfloat16 paged KV pool without gathering it
 (``paged_attention.cpp``): per sequence, scores, softmax and values in one native call in float32
 (bf16 pool values widened exactly; the output is rounded once to the query's dtype), the
-(sequence, kv head) pairs split over torch's threads when there is enough history to share. For the decode rows
-of the dense (llama) attention; the caller keeps torch's path for anything else (see
-``supports``).
+(sequence, kv head) pairs split over torch's OpenMP team when there is enough history to share.
+For the decode rows of the dense (llama) attention; the caller keeps torch's path for anything
+else (see ``supports``).
 
 Two builds of one source (``simd_variants``): ``avx512`` where the CPU has it, else ``avx2``. The
 avx512 build runs bf16 pools sixteen lanes at a time, so its sums differ from the avx2 build's in
@@ -17,21 +17,21 @@ import functools
 import torch
 
 from . import row_gemm
-from .build import load
-from .row_split import run_split
+from .build import OPENMP, load
+from .row_split import team_threads
 from .simd_variants import VARIANT_FLAGS, Variants
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _DECODE = [_P, _P, _I, _P, _I, _P, _I, _I, _I, _I, ctypes.c_float, _P, _I, _I]
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}     # pool dtypes
-# history rows (x kv heads) a thread's share should read at least: below it the hand-off to the
-# helper threads costs more than the share
+# history rows (x kv heads) a thread's share should read at least: below it handing work to
+# torch's team costs more than the share
 _PART_ROWS = 2048
 
 
 @functools.lru_cache(maxsize=None)
 def _functions(variant: str) -> dict[torch.dtype, object]:
-    lib = load("paged_attention", VARIANT_FLAGS[variant])
+    lib = load("paged_attention", VARIANT_FLAGS[variant] + OPENMP)
     fns = {}
     for dtype, suffix in _SUFFIX.items():
         fns[dtype] = fn = getattr(lib, f"paged_decode_{suffix}")
@@ -76,15 +76,10 @@ def decode_attention(q: torch.Tensor, pool: torch.Tensor, tables: torch.Tensor, 
     scale = d ** -0.5 if scale is None else scale
     fn = _function(pool.dtype, variant)
     out = torch.empty(bsz, num_heads, d, dtype=torch.float32)
-    items = bsz * num_kv
-
-    def call(first: int, count: int) -> None:
-        fn(q.data_ptr(), pool.data_ptr(), pool.stride(0), tables.data_ptr(), tables.stride(0), lens.data_ptr(),
-           num_heads, num_kv, d, page_size, scale, out.data_ptr(), first, count)
-
+    items, threads = bsz * num_kv, 1
     if torch.get_num_threads() > 1 and items > 1:
         work = (int(lens.sum()) if history is None else history) * num_kv
-        run_split(call, items, max(1, -(-items * _PART_ROWS // max(work, 1))))
-    else:
-        call(0, items)
+        threads = team_threads(items, max(1, -(-items * _PART_ROWS // max(work, 1))))
+    fn(q.data_ptr(), pool.data_ptr(), pool.stride(0), tables.data_ptr(), tables.stride(0), lens.data_ptr(),
+       num_heads, num_kv, d, page_size, scale, out.data_ptr(), items, threads)
     return out if out_dtype == torch.float32 else out.to(out_dtype)

@@ -12,8 +12,8 @@ import functools
 import torch
 
 from . import row_gemm
-from .build import load, why_unavailable
-from .row_split import run_split
+from .build import OPENMP, load, why_unavailable
+from .row_split import team_threads
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 MAX_HEAD_DIM = 128     # the kernel's per-row buffers
@@ -21,10 +21,10 @@ MAX_HEAD_DIM = 128     # the kernel's per-row buffers
 
 @functools.lru_cache(maxsize=1)
 def _functions():
-    lib = load("prefill_attention_amx", row_gemm.AMX_FLAGS)
+    lib = load("prefill_attention_amx", row_gemm.AMX_FLAGS + OPENMP)
     pack, attend = lib.prefill_attention_pack, lib.prefill_attention_amx
-    pack.argtypes, pack.restype = [_P, _I, _P, _I, _I, _I, _I, _P, _P, _I, _I], None
-    attend.argtypes = [_P, _I, _P, _P, _I, _I, _I, _I, _I, ctypes.c_float, _P, _I, _I, _I, _I]
+    pack.argtypes, pack.restype = [_P, _I, _P, _I, _I, _I, _I, _P, _P, _I], None
+    attend.argtypes = [_P, _I, _P, _P, _I, _I, _I, _I, _I, ctypes.c_float, _P, _I, _I, _I]
     attend.restype = None
     for size in (lib.prefill_keys_size, lib.prefill_values_size):
         size.argtypes, size.restype = [_I, _I], _I
@@ -68,15 +68,12 @@ def prefill_attention(q: torch.Tensor, pool: torch.Tensor, table: torch.Tensor, 
     # every thread reads
     keys = torch.empty(num_kv * keys_size(total, d), dtype=torch.int32)
     values = torch.empty(num_kv * values_size(total, d), dtype=torch.int16)
-    run_split(lambda first, count: pack(pool.data_ptr(), pool.stride(0), table.data_ptr(), page_size, total, num_kv,
-                                        d, keys.data_ptr(), values.data_ptr(), first, first + count), num_kv, 1)
+    pack(pool.data_ptr(), pool.stride(0), table.data_ptr(), page_size, total, num_kv, d, keys.data_ptr(),
+         values.data_ptr(), team_threads(num_kv, 1))
     # then each kv head's query blocks in `parts` interleaved shares, so the threads get even work
     # whatever the number of kv heads (3 heads over 2 threads would be 2 against 1)
     parts = max(1, min(torch.get_num_threads(), -(-n // 16)))
 
-    def call(first: int, count: int) -> None:
-        attend(q.data_ptr(), q.stride(0), keys.data_ptr(), values.data_ptr(), start, n, num_heads, num_kv, d, scale,
-               out.data_ptr(), out.stride(0), parts, first, first + count)
-
-    run_split(call, num_kv * parts, 1)
+    attend(q.data_ptr(), q.stride(0), keys.data_ptr(), values.data_ptr(), start, n, num_heads, num_kv, d, scale,
+           out.data_ptr(), out.stride(0), parts, team_threads(num_kv * parts, 1))
     return out

@@ -9,6 +9,7 @@
 // value tile load changed nothing measurable: the softmax's vector work bounds this kernel.) The
 // chunk's own K|V are in the pool already. Built with -mamx-tile -mamx-bf16 -mavx512f -mavx512bf16.
 #include "amx.h"
+#include "parallel.h"
 
 #include <math.h>
 
@@ -193,16 +194,19 @@ void attend_block(const uint16_t* q, int64_t q_stride, int64_t rows, int64_t pos
 extern "C" int64_t prefill_keys_size(int64_t T, int64_t D) { return ((T + kKv - 1) / kKv) * 4 * (D / kPair) * 256; }
 extern "C" int64_t prefill_values_size(int64_t T, int64_t D) { return ((T + kKv - 1) / kKv) * 2 * (D / kT) * 512; }
 
-// Keys and values of kv heads [h0, h1) of a sequence's positions 0 .. T - 1 (pool rows
+// Keys and values of the Hkv kv heads of a sequence's positions 0 .. T - 1 (pool rows
 // [K (Hkv x D) | V (Hkv x D)], row_stride elements, found through table, page size page) packed
-// into kp / vp, one prefill_*_size block per head.
+// into kp / vp, one prefill_*_size block per head; the heads split over `threads` of torch's
+// OpenMP team (parallel.h).
 extern "C" void prefill_attention_pack(const uint16_t* pool, int64_t row_stride, const int64_t* table, int64_t page,
-                                       int64_t T, int64_t Hkv, int64_t D, uint32_t* kp, uint16_t* vp, int64_t h0,
-                                       int64_t h1) {
-    for (int64_t h = h0; h < h1; h++) {
-        pack_keys(pool, row_stride, table, page, h * D, T, D, kp + h * prefill_keys_size(T, D));
-        pack_values(pool, row_stride, table, page, Hkv * D + h * D, T, D, vp + h * prefill_values_size(T, D));
-    }
+                                       int64_t T, int64_t Hkv, int64_t D, uint32_t* kp, uint16_t* vp,
+                                       int64_t threads) {
+    parallel_rows(Hkv, threads, [&](int64_t h0, int64_t count) {
+        for (int64_t h = h0; h < h0 + count; h++) {
+            pack_keys(pool, row_stride, table, page, h * D, T, D, kp + h * prefill_keys_size(T, D));
+            pack_values(pool, row_stride, table, page, Hkv * D + h * D, T, D, vp + h * prefill_values_size(T, D));
+        }
+    });
 }
 
 // q, out [Q, Hq, D] bf16 (token stride q_stride / out_stride elements), the queries at positions
@@ -210,9 +214,9 @@ extern "C" void prefill_attention_pack(const uint16_t* pool, int64_t row_stride,
 // Work items [first, last) of Hkv * parts: item i is kv head i / parts and its query blocks
 // b = i % parts, i % parts + parts, ... (interleaved, so the parts of a causal chunk cost
 // alike). D a multiple of 32, at most 128.
-extern "C" void prefill_attention_amx(const uint16_t* q, int64_t q_stride, const uint32_t* kp, const uint16_t* vp,
-                                      int64_t start, int64_t Q, int64_t Hq, int64_t Hkv, int64_t D, float scale,
-                                      uint16_t* out, int64_t out_stride, int64_t parts, int64_t first, int64_t last) {
+static void attend_items(const uint16_t* q, int64_t q_stride, const uint32_t* kp, const uint16_t* vp, int64_t start,
+                         int64_t Q, int64_t Hq, int64_t Hkv, int64_t D, float scale, uint16_t* out, int64_t out_stride,
+                         int64_t parts, int64_t first, int64_t last) {
     const int64_t T = start + Q, G = Hq / Hkv, blocks = (Q + kT - 1) / kT;
     const FlushDenormals flush;   // the softmax's far tail (simd.h)
     configure();
@@ -230,4 +234,14 @@ extern "C" void prefill_attention_amx(const uint16_t* q, int64_t q_stride, const
         }
     }
     _tile_release();
+}
+
+// every work item of Hkv * parts (see attend_items) split over `threads` of torch's OpenMP team;
+// each thread configures its own tiles
+extern "C" void prefill_attention_amx(const uint16_t* q, int64_t q_stride, const uint32_t* kp, const uint16_t* vp,
+                                      int64_t start, int64_t Q, int64_t Hq, int64_t Hkv, int64_t D, float scale,
+                                      uint16_t* out, int64_t out_stride, int64_t parts, int64_t threads) {
+    parallel_rows(Hkv * parts, threads, [&](int64_t first, int64_t count) {
+        attend_items(q, q_stride, kp, vp, start, Q, Hq, Hkv, D, scale, out, out_stride, parts, first, first + count);
+    });
 }

@@ -16,8 +16,8 @@ import functools
 import torch
 
 from ..cpu_caps import CpuCaps, detect_cpu_caps
-from .build import load, why_unavailable
-from .row_split import run_split
+from .build import OPENMP, load, why_unavailable
+from .row_split import team_threads
 
 MAX_ROWS = 16          # measured: ahead of MKL up to 16 rows, behind it at 32 (fp32, Zen 3, 1 thread)
 # bf16: 0.34-0.61x torch's time at 1 row, 0.56-0.89x at 2, 0.80-1.13x at 3 (1 thread, Sapphire
@@ -77,14 +77,14 @@ def amx_unavailable() -> str | None:
     """Why the AMX kernel cannot run on this machine (None: it can): the CPU, the build, and the
     OS's grant of the tile state (Linux asks a process to request it before its first tile op)."""
     why = why_unavailable(amx_cpu_unavailable(), _amx_function)
-    if why is None and load("row_gemm_amx", AMX_FLAGS).amx_enable() != 0:
+    if why is None and load("row_gemm_amx", AMX_FLAGS + OPENMP).amx_enable() != 0:
         why = "the OS refused the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM)"
     return why
 
 
 @functools.lru_cache(maxsize=1)
 def _amx_function():
-    fn = load("row_gemm_amx", AMX_FLAGS).row_gemm_amx_bf16
+    fn = load("row_gemm_amx", AMX_FLAGS + OPENMP).row_gemm_amx_bf16_split
     fn.argtypes, fn.restype = _ARGS + [ctypes.c_int64, ctypes.c_int64], None
     return fn
 
@@ -161,14 +161,9 @@ def max_rows(dtype: torch.dtype) -> int:
 
 def _amx_linear(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
     n, k = w.shape
-    fn = _amx_function()
-
-    def call(first: int, count: int) -> None:
-        fn(a.data_ptr(), a.shape[0], a.stride(0), w.data_ptr(), n, k, w.stride(0),
-           None if bias is None else bias.data_ptr(), out.data_ptr(), n,
-           first * AMX_BLOCK, min(n, (first + count) * AMX_BLOCK))
-
-    run_split(call, -(-n // AMX_BLOCK), -(-AMX_PART // (AMX_BLOCK * k)))
+    _amx_function()(a.data_ptr(), a.shape[0], a.stride(0), w.data_ptr(), n, k, w.stride(0),
+                    None if bias is None else bias.data_ptr(), out.data_ptr(), n, AMX_BLOCK,
+                    team_threads(-(-n // AMX_BLOCK), -(-AMX_PART // (AMX_BLOCK * k))))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -9,6 +9,7 @@
 // sums; the bias (float32) is added and the result rounded to bf16 once, as torch rounds.
 // Built with -mamx-tile -mamx-bf16; the caller checks the CPU flags and calls amx_enable first.
 #include "amx.h"
+#include "parallel.h"
 
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -114,4 +115,15 @@ extern "C" void row_gemm_amx_bf16(const uint16_t* A, int64_t M, int64_t lda, con
         store_block(sums, M, n1 - n, bias ? bias + n : nullptr, C + n, ldc);
     }
     _tile_release();
+}
+
+// all N features, in blocks of `block` split over `threads` of torch's OpenMP team (parallel.h);
+// each thread packs x for itself
+extern "C" void row_gemm_amx_bf16_split(const uint16_t* A, int64_t M, int64_t lda, const uint16_t* W, int64_t N,
+                                        int64_t K, int64_t ldw, const float* bias, uint16_t* C, int64_t ldc,
+                                        int64_t block, int64_t threads) {
+    parallel_rows((N + block - 1) / block, threads, [&](int64_t first, int64_t count) {
+        row_gemm_amx_bf16(A, M, lda, W, N, K, ldw, bias, C, ldc, first * block,
+                          (first + count) * block < N ? (first + count) * block : N);
+    });
 }

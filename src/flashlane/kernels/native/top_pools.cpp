@@ -13,6 +13,7 @@
 // Measured (Sapphire Rapids, 1 thread) on a block of tiny-standard's 16K-token prefill, 256 rows
 // of 12,288 scores a quarter of which are 0: 46 us a row for the radix select alone, 15 with the
 // sampled threshold first. Rows narrower than kMinWide take the radix select (it was faster there).
+#include "parallel.h"
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
@@ -126,8 +127,7 @@ float sampled_threshold(const float* s, int64_t M, int64_t n, std::vector<float>
 }
 }  // namespace
 
-// scores [R, M] (row stride ld), 0 < n <= M; out [R, n]
-extern "C" void top_pools_f32(const float* scores, int64_t R, int64_t M, int64_t ld, int64_t n, int64_t* out) {
+static void top_rows(const float* scores, int64_t R, int64_t M, int64_t ld, int64_t n, int64_t* out) {
     thread_local std::vector<uint32_t> hist;
     thread_local std::vector<Pick> cand, ties;
     thread_local std::vector<float> sample, values;
@@ -144,4 +144,11 @@ extern "C" void top_pools_f32(const float* scores, int64_t R, int64_t M, int64_t
         if (!found) radix_candidates(s, M, n, hist, cand);
         finish(cand, n, values, keys, out + r * n);
     }
+}
+
+// scores [R, M] (row stride ld), 0 < n <= M; out [R, n]; the rows split over `threads` of torch's
+// OpenMP team (parallel.h), each row's picks its own
+extern "C" void top_pools_f32(const float* scores, int64_t R, int64_t M, int64_t ld, int64_t n, int64_t* out,
+                              int64_t threads) {
+    parallel_rows(R, threads, [&](int64_t r, int64_t count) { top_rows(scores + r * ld, count, M, ld, n, out + r * n); });
 }

@@ -1,8 +1,9 @@
-"""The indexer's top-k (prefill blocks, eager decode rows) through ``top_pools.cpp``: per row, the indices of the ``n``
-highest scores, highest first, equal scores lower index first (what ``indexer._top_pools``
-computes with torch's topk and two sorts), rows split over torch's threads (``run_split``). Returns None where the inputs are not its case (another device or
-dtype, inside a compiled graph, autograd recording, or the kernel unavailable) and the caller
-keeps torch's path. Scores must hold no NaN (they are ReLU'd sums, or -inf where masked)."""
+"""The indexer's top-k (prefill blocks, eager decode rows) through ``top_pools.cpp``: per row,
+the indices of the ``n`` highest scores, highest first, equal scores lower index first (what
+``indexer._top_pools`` computes with torch's topk and two sorts), rows split over torch's OpenMP
+team (``parallel.h``). Returns None where the inputs are not its case (another device or dtype,
+inside a compiled graph, autograd recording, or the kernel unavailable) and the caller keeps
+torch's path. Scores must hold no NaN (they are ReLU'd sums, or -inf where masked)."""
 
 from __future__ import annotations
 
@@ -12,16 +13,16 @@ import functools
 import torch
 
 from . import row_gemm
-from .build import load, why_unavailable
-from .row_split import run_split
+from .build import OPENMP, load, why_unavailable
+from .row_split import team_threads
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
 @functools.lru_cache(maxsize=1)
 def _function():
-    fn = load("top_pools", row_gemm.ARCH_FLAGS).top_pools_f32
-    fn.argtypes, fn.restype = [_P, _I, _I, _I, _I, _P], None
+    fn = load("top_pools", row_gemm.ARCH_FLAGS + OPENMP).top_pools_f32
+    fn.argtypes, fn.restype = [_P, _I, _I, _I, _I, _P, _I], None
     return fn
 
 
@@ -40,6 +41,5 @@ def top_pools(scores: torch.Tensor, n: int) -> torch.Tensor | None:
     flat = scores.reshape(-1, m).contiguous()
     rows = flat.shape[0]
     out = torch.empty(rows, n, dtype=torch.int64)
-    fn = _function()
-    run_split(lambda a, count: fn(flat[a:].data_ptr(), count, m, m, n, out[a:].data_ptr()), rows, min_rows=64)
+    _function()(flat.data_ptr(), rows, m, m, n, out.data_ptr(), team_threads(rows, 64))
     return out.view(*scores.shape[:-1], n)
