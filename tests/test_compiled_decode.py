@@ -154,6 +154,31 @@ def test_compiled_int8_engine_stays_close_to_eager_int8():
 
 
 @pytest.mark.slow
+def test_batch_one_graphs_multiply_inside_the_graph_not_through_aten_matmuls():
+    """The batch-1 decode graphs (CPU_OPTIONS: Inductor's one-row matmul decomposition) make no
+    call into aten's mm / addmm, whose fixed cost per call was a third of a tiny model's step; the
+    same engine's outputs equal eager ones (test_compiled_decode_matches_eager[llama-1])."""
+    from torch.profiler import ProfilerActivity, profile
+
+    compiled = _engines("llama")[1]
+    prompt = random_prompts(1, 20, 40, 250, seed=5)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        compiled.generate(prompt, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+
+    def in_graph(event) -> bool:
+        while event is not None:
+            if event.name.startswith("## Call CompiledFxGraph"):
+                return True
+            event = event.cpu_parent
+        return False
+    events = prof.events()
+    graph_calls = [e for e in events if e.name.startswith("## Call CompiledFxGraph")]
+    matmuls = [e.name for e in events if e.name in ("aten::mm", "aten::addmm") and in_graph(e)]
+    assert graph_calls and compiled.engine.runner.compiled.calls[1] >= 3
+    assert not matmuls, f"{len(matmuls)} aten matmuls inside the batch-1 graphs"
+
+
+@pytest.mark.slow
 def test_compiled_engine_reports_its_buckets_and_warm_up():
     compiled = LLM(tiny_llama(), dtype="float32", compile=True, compile_sizes=[4, 2, 1, 2], max_num_seqs=3)
     info = compiled.engine.info.compiled_decode

@@ -53,6 +53,12 @@ log = logging.getLogger("flashlane.engine")
 
 WIDTH_MULTIPLE = 4          # block-table width padding (pages): fewer distinct shapes per graph
 DEFAULT_SIZES = (1, 2, 4, 8, 16)
+# Inductor on CPU: its pass that emits a one-row matmul (the batch-1 decode graphs) as a fused
+# multiply-and-sum kernel instead of a call into oneDNN / MKL, whose fixed cost per call (15-35 us)
+# was a third of a tiny model's decode step. Its own CPU limits apply (1 row, weights of at most
+# 2048 x 2048): the pass reads them once, when its module is first imported, so they are not ours
+# to set per graph.
+CPU_OPTIONS = {"post_grad_fusion_options": {"decompose_mm_pass": {}}}
 
 
 def compile_cache_dir() -> str:
@@ -234,8 +240,9 @@ class CompiledDecode:
         layer kinds in which submodules exist cannot be told apart by the cheap guard check."""
         if kind not in self._graphs:
             fn = _own_copy(region or (_call_region if self.regional else _whole_forward))
+            options = None if self._mode is not None or self._backend != "inductor" else CPU_OPTIONS
             self._graphs[kind] = (fn, torch.compile(fn, dynamic=False, fullgraph=True, mode=self._mode,
-                                                        backend=self._backend))
+                                                        backend=self._backend, options=options))
         return self._graphs[kind]
 
     @property
