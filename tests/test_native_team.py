@@ -7,6 +7,7 @@ kernels share torch's OpenMP runtime instead of starting a team of their own."""
 
 from __future__ import annotations
 
+import ctypes
 import sys
 
 import pytest
@@ -159,3 +160,29 @@ def test_the_kernels_share_torchs_openmp_runtime():
     runtimes = build.openmp_runtimes()
     assert len(runtimes) == 1, runtimes          # torch's, which every OpenMP kernel resolved to
     assert row_split._one_openmp_runtime()
+
+
+def test_a_compiler_without_openmp_builds_the_kernels_single_threaded(monkeypatch, tmp_path):
+    try:
+        cxx = build.compiler()
+    except build.NativeUnavailable:
+        pytest.skip("no C++ compiler on this machine")
+    refuses = tmp_path / "no-openmp-c++"       # a compiler that knows no -fopenmp
+    refuses.write_text(f'#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && exit 1; done\nexec {cxx} "$@"\n')
+    refuses.chmod(0o755)
+    (tmp_path / "parallel.h").write_text((build.HERE / "parallel.h").read_text())
+    (tmp_path / "parts.cpp").write_text(
+        '#include "parallel.h"\n#include <atomic>\n'
+        'extern "C" int64_t parts(int64_t rows, int64_t threads) {\n'
+        '    std::atomic<int64_t> n{0};\n'
+        '    parallel_rows(rows, threads, [&](int64_t, int64_t) { n++; });\n'
+        '    return n;\n}\n')
+    monkeypatch.setattr(build, "HERE", tmp_path)
+    for compiler, expected in ((cxx, 2), (str(refuses), 1)):
+        monkeypatch.setenv("CXX", compiler)
+        monkeypatch.setenv("FLASHLANE_CACHE", str(tmp_path / f"cache-{expected}"))   # same --version: own caches
+        build.load.cache_clear()
+        fn = build.load("parts", build.OPENMP).parts
+        fn.restype = ctypes.c_int64
+        assert fn(ctypes.c_int64(100), ctypes.c_int64(2)) == expected, compiler
+    build.load.cache_clear()

@@ -55,7 +55,18 @@ def why_unavailable(cpu_reason: str | None, bind: Callable[[], object]) -> str |
 
 @functools.lru_cache(maxsize=None)
 def load(name: str, arch_flags: tuple[str, ...]) -> ctypes.CDLL:
-    """``name``.cpp built with ``arch_flags`` (e.g. ``("-mavx2", "-mfma")``), loaded."""
+    """``name``.cpp built with ``arch_flags`` (e.g. ``("-mavx2", "-mfma")``), loaded. Where the
+    compiler cannot build it with ``OPENMP``, it is built without: ``parallel.h`` then runs every
+    part on the calling thread."""
+    try:
+        return _load(name, arch_flags)
+    except NativeUnavailable:
+        if not set(OPENMP) & set(arch_flags):
+            raise
+        return _load(name, tuple(f for f in arch_flags if f not in OPENMP))
+
+
+def _load(name: str, arch_flags: tuple[str, ...]) -> ctypes.CDLL:
     source = HERE / f"{name}.cpp"
     cxx = compiler()
     flags = (*FLAGS, *arch_flags)
