@@ -179,6 +179,20 @@ def test_batch_one_graphs_multiply_inside_the_graph_not_through_aten_matmuls():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("arch", ["glm5_next", "glm_moe_dsa"])
+def test_glm_batch_one_graphs_match_eager(arch):
+    """The GLM models' batch-1 graphs, whose matmuls Inductor decomposes (CPU_OPTIONS), against
+    eager: the same tokens, logprobs within 1e-4 (fp32)."""
+    m = MODELS[arch]()
+    kw = dict(dtype="float32", page_size=16, max_num_seqs=2, num_pages=96, enable_prefix_caching=False)
+    prompts = random_prompts(1, 20, 60, 250, seed=31)
+    eager = LLM(m, **kw).generate(prompts, GREEDY)
+    compiled = LLM(m, compile=True, compile_sizes=(1,), **kw)
+    _assert_same(eager, compiled.generate(prompts, GREEDY))
+    assert compiled.engine.runner.compiled.calls[1] >= GREEDY.max_tokens - 1
+
+
+@pytest.mark.slow
 def test_compiled_engine_reports_its_buckets_and_warm_up():
     compiled = LLM(tiny_llama(), dtype="float32", compile=True, compile_sizes=[4, 2, 1, 2], max_num_seqs=3)
     info = compiled.engine.info.compiled_decode
