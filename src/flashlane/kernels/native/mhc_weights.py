@@ -15,12 +15,9 @@ import torch
 
 from . import row_gemm
 from .build import OPENMP, load, why_unavailable
-from .row_split import team_threads
+from .row_split import team_threads_by_values
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-# stream values (tokens x streams x width) a thread's share should hold at least: decode steps stay
-# on one thread, a prefill chunk's tokens split
-_PART_VALUES = 1 << 16
 
 
 @functools.lru_cache(maxsize=1)
@@ -52,10 +49,6 @@ def _eager(*tensors: torch.Tensor) -> bool:
             and not row_gemm.tracks_grad(*tensors) and unavailable() is None)
 
 
-def _threads(tokens: int, values_per_token: int) -> int:
-    return team_threads(tokens, max(1, _PART_VALUES // max(values_per_token, 1)))
-
-
 def mhc_weights(mixed: torch.Tensor, n: int, base: torch.Tensor, scale: torch.Tensor, hc_eps: float,
                 iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """mixed [N, (2 + n) n] float32 -> (pre [N, n], post [N, n], comb [N, n, n]), or None."""
@@ -68,7 +61,7 @@ def mhc_weights(mixed: torch.Tensor, n: int, base: torch.Tensor, scale: torch.Te
     comb = torch.empty(count, n, n)
     # a token's weights: about one multiply-add per entry and Sinkhorn iteration
     _functions()[0](rows.data_ptr(), count, n, b.data_ptr(), s.data_ptr(), hc_eps, iters, pre.data_ptr(),
-                    post.data_ptr(), comb.data_ptr(), _threads(count, rows.shape[1] * iters))
+                    post.data_ptr(), comb.data_ptr(), team_threads_by_values(count, rows.shape[1] * iters))
     return pre, post, comb
 
 
@@ -87,13 +80,14 @@ def hc_pre(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: t
     x = streams.contiguous()
     _, _, norm, collapse = _functions()
     flat = torch.empty(count, n * h, dtype=torch.float32)
-    norm[dtype](x.data_ptr(), count, n * h, norm_eps, flat.data_ptr(), _threads(count, n * h))
+    norm[dtype](x.data_ptr(), count, n * h, norm_eps, flat.data_ptr(), team_threads_by_values(count, n * h))
     weights = mhc_weights(torch.nn.functional.linear(flat, fn.float()), n, base, scale, hc_eps, sinkhorn_iters)
     if weights is None:
         return None
     pre, post, comb = weights
     collapsed = torch.empty(count, h, dtype=dtype)
-    collapse[dtype](x.data_ptr(), pre.data_ptr(), count, n, h, collapsed.data_ptr(), _threads(count, n * h))
+    collapse[dtype](x.data_ptr(), pre.data_ptr(), count, n, h, collapsed.data_ptr(),
+                    team_threads_by_values(count, n * h))
     return collapsed, post, comb
 
 
@@ -112,5 +106,5 @@ def mhc_post(y: torch.Tensor, streams: torch.Tensor, post: torch.Tensor,
     p, c = post.to(dtype).float().contiguous(), comb.to(dtype).float().contiguous()
     out = torch.empty(count, n, h, dtype=dtype)
     _functions()[1][dtype](yc.data_ptr(), x.data_ptr(), p.data_ptr(), c.data_ptr(), count, n, h, out.data_ptr(),
-                           _threads(count, n * n * h))
+                           team_threads_by_values(count, n * n * h))
     return out

@@ -13,11 +13,9 @@ import torch
 
 from . import row_gemm
 from .build import OPENMP, load, why_unavailable
-from .row_split import team_threads
+from .row_split import team_threads_by_values
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-# values a thread's share should hold at least: decode rows stay on one thread
-_PART_VALUES = 1 << 16
 
 
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
@@ -55,7 +53,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
     out = torch.empty(x.shape, dtype=x.dtype)
     if rows.numel():
         _functions(x.dtype)[0](rows.data_ptr(), rows.shape[0], dim, rows.stride(0),
-                               weight.contiguous().data_ptr(), eps, out.data_ptr(), _threads(rows.shape[0], dim))
+                               weight.contiguous().data_ptr(), eps, out.data_ptr(),
+                               team_threads_by_values(rows.shape[0], dim))
     return out
 
 
@@ -71,9 +70,5 @@ def rope_rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
     out = torch.empty(n, heads, d, dtype=x.dtype)
     if out.numel():
         _functions(x.dtype)[1](x.data_ptr(), n, heads, d, x.stride(0), x.stride(1), cos.data_ptr(),
-                               sin.data_ptr(), out.data_ptr(), _threads(n, heads * d))
+                               sin.data_ptr(), out.data_ptr(), team_threads_by_values(n, heads * d))
     return out
-
-
-def _threads(rows: int, values_per_row: int) -> int:
-    return team_threads(rows, max(1, _PART_VALUES // max(values_per_row, 1)))

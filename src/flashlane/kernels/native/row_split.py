@@ -13,12 +13,23 @@ import torch
 from .build import openmp_runtimes
 
 
+# values (elements of a row times rows) a thread's share of a row-wise kernel should hold at least:
+# decode rows stay on one thread, a prefill chunk's rows split
+PART_VALUES = 1 << 16
+
+
 def team_threads(rows: int, min_rows: int) -> int:
     """Threads for ``rows`` rows in parts of at least ``min_rows`` rows: at most torch's thread
     count; 1 where the kernels got an OpenMP runtime other than torch's."""
     if not _one_openmp_runtime():
         return 1
     return max(1, min(torch.get_num_threads(), rows // max(min_rows, 1)))
+
+
+
+def team_threads_by_values(rows: int, values_per_row: int) -> int:
+    """``team_threads`` for rows of ``values_per_row`` values, in parts of at least PART_VALUES."""
+    return team_threads(rows, max(1, PART_VALUES // max(values_per_row, 1)))
 
 
 @functools.lru_cache(maxsize=1)

@@ -14,13 +14,11 @@ import torch
 
 from . import row_gemm
 from .build import OPENMP, load
-from .row_split import team_threads
+from .row_split import team_threads_by_values
 from .simd_variants import VARIANT_FLAGS, Variants
 from .simd_variants import cpu_unavailable as cpu_unavailable   # re-exported: the variant's CPU needs
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-# values a thread's share should hold at least: below it the hand-off costs more than the share
-_PART_VALUES = 1 << 16
 
 
 @functools.lru_cache(maxsize=None)
@@ -51,5 +49,5 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None = None,
         return out
     _function(variant or best_variant())(g.data_ptr(), g.stride(0), u.data_ptr(), u.stride(0), out.data_ptr(), n,
                                          -1.0 if limit is None else limit, rows,
-                                         team_threads(rows, max(1, _PART_VALUES // max(n, 1))))
+                                         team_threads_by_values(rows, n))
     return out
