@@ -153,8 +153,10 @@ def test_compare_stacks_end_to_end_against_real_servers(tmp_path):
     assert all(f["ci"] is not None and len(f["hybrid_task_s"]) == 2 for f in res["findings"])
     assert [s["stack"] for s in res["waterfall"]] == names
     # the simulation beside every side used a step-cost calibration of this machine per model
-    assert sorted(c["model"] for c in res["calibrations"].values()) == ["tiny-flash", "tiny-standard"]
-    assert len(list((out / "calibrations").glob("*.json"))) == 2
+    # (the flashlane stack's static-graph decode in a calibration of that mode of its own)
+    assert sorted((c["model"], c["mode"]["compile"]) for c in res["calibrations"].values()) == [
+        ("tiny-flash", False), ("tiny-flash", True), ("tiny-standard", False), ("tiny-standard", True)]
+    assert len(list((out / "calibrations").glob("*.json"))) == 4
     pids = []
     for stack in names:
         for model in ("tiny-flash", "tiny-standard"):
@@ -191,6 +193,7 @@ def test_compare_stacks_end_to_end_against_real_servers(tmp_path):
     assert [r["stack"] for r in res["simulated_ratios"]] == names and all(r["simulated"] > 0 for r in res["simulated_ratios"])
     cf = res["counterfactual"]
     assert cf["steps"][0]["change"].startswith("as measured: ") and cf["steps"][-1]["change"].startswith("+ no host time")
+    assert "+ static-graph decode" in [s["change"] for s in cf["steps"]] and cf["not_simulated"] == []
     assert all(s["ratio"] > 0 for s in cf["steps"])
     assert "## Simulated beside measured" in (out / "compare.md").read_text()
     assert all(f["pairs"] and len(f["pairs"]) == 2 and f["engine"] and f["cpu"] for f in res["findings"])

@@ -233,3 +233,59 @@ def test_a_speculative_stack_gets_no_simulated_figures_and_no_counterfactual(tmp
     assert any("decodes speculatively" in line and "flashlane-spec" in line for line in logs)
     assert sim.counterfactuals([group], [hyb, std], None, None, tmp_path) is None
     assert not (tmp_path / "cal").exists()          # nothing was calibrated
+
+
+def _waterfall(tmp_path, monkeypatch, calibrated_modes):
+    """The counterfactual waterfall from the naive stack, with the simulator's runs replaced by a
+    fixed task time per engine mode (the hybrid 2x slower without its prefix cache, static graphs
+    10% faster, no host time 10% faster) and calibrations only for ``calibrated_modes``."""
+    from types import SimpleNamespace
+
+    import flashlane.cli.compare_simulation as cs
+    from flashlane.bench.stacks import STACKS
+
+    sim = cs.LocalSimulator([], tmp_path, log=lambda line: None, cache_dir=tmp_path / "cal")
+
+    def setup(model, args, zero_host=False):
+        return (model, dict(args), zero_host) if bool(args.get("compile")) in calibrated_modes else None
+
+    def replay(server, cfg, source, synth, point, controls, folder):
+        model, args, zero_host = server
+        t = 2.0 if model == "tiny-flash" and not args.get("enable_prefix_caching") else 1.0
+        t *= (0.9 if args.get("compile") else 1.0) * (0.9 if zero_host else 1.0)
+        return None, {"task0": t, "task1": t}
+
+    monkeypatch.setattr(sim, "setup", setup)
+    monkeypatch.setattr(cs, "SimulatedServer", lambda s: s)
+    monkeypatch.setattr(cs, "replay_rounds", replay)
+    monkeypatch.setattr(cs, "round_controls", lambda dirs: None)
+    monkeypatch.setattr(cs, "_sim_cfg", lambda cfg: cfg)
+    hyb = SimpleNamespace(name="tiny-flash", model="tiny-flash", role="hybrid")
+    std = SimpleNamespace(name="tiny-standard", model="tiny-standard", role="standard")
+    naive = STACKS["naive"]
+    point = SimpleNamespace(label="c1")
+    run = SimpleNamespace(latencies=[2.0], rounds=[], point=point)
+    group = SimpleNamespace(name="naive", stack=naive, cfgs={hyb.name: None, std.name: None},
+                            flags={hyb.name: naive.flags("hybrid"), std.name: naive.flags("standard")},
+                            points={hyb.name: [run], std.name: [SimpleNamespace(latencies=[1.0], rounds=[], point=point)]})
+    return sim.counterfactuals([group], [hyb, std], None, None, tmp_path)
+
+
+def test_the_waterfall_adds_static_graph_decode_from_a_calibration_in_that_mode(tmp_path, monkeypatch):
+    cf = _waterfall(tmp_path, monkeypatch, calibrated_modes={False, True})
+    assert [s["change"] for s in cf["steps"]] == [
+        "as measured: naive", "+ prefix caching for the hybrid (state checkpoints)",
+        "+ continuous batching, 2 ms window", "+ static-graph decode",
+        "+ no host time (front end, per-step and dispatch terms zero)"]
+    assert [s["ratio"] for s in cf["steps"]] == pytest.approx([2.0, 1.0, 1.0, 1.0, 1.0])
+    assert [s["hybrid_task_s"] for s in cf["steps"]] == pytest.approx([2.0, 1.0, 1.0, 0.9, 0.81])
+    assert cf["not_simulated"] == []
+
+
+def test_the_waterfall_names_a_mechanism_without_a_calibration_and_goes_on(tmp_path, monkeypatch):
+    cf = _waterfall(tmp_path, monkeypatch, calibrated_modes={False})
+    assert [s["change"] for s in cf["steps"]][-2:] == [
+        "+ continuous batching, 2 ms window", "+ no host time (front end, per-step and dispatch terms zero)"]
+    assert cf["steps"][-1]["hybrid_task_s"] == pytest.approx(0.9)      # eager steps, host time off
+    assert cf["not_simulated"] == ["static-graph decode: no calibration of this machine in that mode"]
+    assert _waterfall(tmp_path, monkeypatch, calibrated_modes={True}) is None     # not even as measured

@@ -40,11 +40,12 @@ def stack_text(name="s", hybrid_cmd="flashlane serve --max-wait-ms 2", standard_
 
 
 def test_builtin_files_give_exactly_the_former_hard_coded_flags():
-    # the flag sets the three stacks had as Python tuples before they became files
+    # the flag sets the three stacks had as Python tuples before they became files (flashlane's
+    # has static-graph decode since)
     naive = ["--scheduler", "static", "--static-batch-size", "32", "--no-enable-prefix-caching"]
     former = {"naive": (naive, naive),
               "hybrid-cache-gap": (["--no-enable-prefix-caching"], ["--enable-prefix-caching"]),
-              "flashlane": (["--enable-prefix-caching", "--max-wait-ms", "2"],) * 2}
+              "flashlane": (["--enable-prefix-caching", "--max-wait-ms", "2", "--compile"],) * 2}
     assert list(STACKS)[:3] == list(DEFAULT_STACKS) == list(former)
     assert list(STACKS)[3:] == ["flashlane-mtp"]      # built in, not in the default three
     for name, (hybrid, standard) in former.items():
@@ -56,6 +57,8 @@ def test_builtin_files_give_exactly_the_former_hard_coded_flags():
     assert n.hybrid.mechanisms.batching == "static" and n.hybrid.mechanisms.static_batch_size == 32
     assert not gap.hybrid.mechanisms.prefix_cache and gap.standard.mechanisms.prefix_cache
     assert fl.hybrid.mechanisms.prefix_cache_stateful and fl.hybrid.mechanisms.batching_window_ms == 2.0
+    assert fl.hybrid.mechanisms.static_graphs and fl.standard.mechanisms.static_graphs
+    assert not any(s.hybrid.mechanisms.static_graphs for s in (n, gap))
 
 
 def test_the_mtp_stack_gives_json_flags_and_its_mechanism():
