@@ -546,3 +546,39 @@ def test_every_native_kernel_builds_where_the_cpu_and_a_compiler_allow():
                short_conv_native, swiglu, argmax)
     assert {k.__name__: k.unavailable() for k in kernels} == {k.__name__: None for k in kernels}
     assert CpuBackend().native
+
+
+@needs_mhc
+def test_a_static_graph_engines_eager_steps_take_the_native_mhc_not_a_compiled_torch_one(monkeypatch):
+    """With --compile the model asks for its mHC compiled (``compiled=True``); outside a graph the
+    cpu backend still runs the native kernels (torch.compile of the torch mHC made a tiny-flash
+    prefill 1.3x slower), and only without them falls back to the compiled torch function."""
+    from flashlane.kernels.backends.cpu import backend as cpu_backend
+
+    compiled_calls = []
+
+    def fake_compiled(fn):
+        compiled_calls.append(fn.__name__)
+        return fn
+
+    monkeypatch.setattr(cpu_backend, "compiled_fn", fake_compiled)
+    g = torch.Generator().manual_seed(5)
+    n, hidden = 4, 32
+    streams = torch.randn(7, n, hidden, generator=g)
+    fn, base = torch.randn((2 + n) * n, n * hidden, generator=g), torch.randn((2 + n) * n, generator=g)
+    scale, kw = torch.rand(3, generator=g) + 0.5, dict(norm_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=20)
+    ops = cpu_backend.CpuBackend()
+    with torch.no_grad():
+        native = ops.mhc_pre(streams, fn, base, scale, **kw)
+        asked = ops.mhc_pre(streams, fn, base, scale, **kw, compiled=True)
+        y = torch.randn(7, hidden, generator=g)
+        post = ops.mhc_post(y, streams, native[1], native[2], compiled=True)
+        assert compiled_calls == []
+        assert all(torch.equal(a, b) for a, b in zip(native, asked))
+        assert torch.equal(post, mhc_weights.mhc_post(y, streams, native[1], native[2]))
+        ops.native = False                      # no native kernels: the torch functions, compiled
+        fallback = ops.mhc_pre(streams, fn, base, scale, **kw, compiled=True)
+        ops.mhc_post(y, streams, fallback[1], fallback[2], compiled=True)
+    assert compiled_calls == ["hc_pre", "hc_post"]
+    for a, b in zip(fallback, hc_pre(streams, fn, base, scale, **kw)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -6,7 +6,7 @@ class) or `standard` (attention in every layer, GLM-5.3 class), and declares the
 has. Which target has which role is decided by the caller (compare: from the model's config when
 it can read one, else A = hybrid, B = standard). Stacks are files (bench/stack_files.py); the
 three built-ins are the files in bench/stacks/, all `flashlane serve` flag sets. Eager execution
-(no `--compile`) is the engine default, so no built-in passes it.
+is the engine default; the `flashlane` stack adds static-graph decode (`--compile`).
 """
 
 from __future__ import annotations
