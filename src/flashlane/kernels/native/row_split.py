@@ -26,7 +26,6 @@ def team_threads(rows: int, min_rows: int) -> int:
     return max(1, min(torch.get_num_threads(), rows // max(min_rows, 1)))
 
 
-
 def team_threads_by_values(rows: int, values_per_row: int) -> int:
     """``team_threads`` for rows of ``values_per_row`` values, in parts of at least PART_VALUES."""
     return team_threads(rows, max(1, PART_VALUES // max(values_per_row, 1)))
