@@ -33,7 +33,8 @@ def _cpu_s() -> float:
 def _engine(preset: str):
     from flashlane.engine.llm import LLM
 
-    return LLM(preset, dtype="float32", max_num_seqs=16, enable_prefix_caching=False).engine
+    # the linears as an engine with --compile lays them out (a timed oneDNN-packed format is not traced)
+    return LLM(preset, dtype="float32", max_num_seqs=16, enable_prefix_caching=False, linear_kernel="aten").engine
 
 
 def _compiled(eng, sizes, mode: str):
@@ -93,10 +94,15 @@ def step(preset: str, size: int, context: int, rounds: int, reps: int) -> dict:
             "eager_over_whole": round(statistics.median(a / b for a, b in zip(times["eager"], times["whole"])), 3)}
 
 
-def _fresh(args: list[str]) -> dict:
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(prefix="flashlane-regional-"),
-               TORCHINDUCTOR_COMPILE_THREADS="1")   # compile in-process: its CPU time is counted
-    out = subprocess.run([sys.executable, __file__, *args], env=env, check=True, capture_output=True, text=True)
+def _fresh(args: list[str], compile_threads: str = "1") -> dict:
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(prefix="flashlane-regional-"))
+    if compile_threads == "auto":   # Inductor's own choice, as the engine runs (its workers' CPU time is not counted)
+        env.pop("TORCHINDUCTOR_COMPILE_THREADS", None)
+    else:                           # "1": compile in-process, so its CPU time is counted
+        env["TORCHINDUCTOR_COMPILE_THREADS"] = compile_threads
+    out = subprocess.run([sys.executable, __file__, *args], env=env, capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"{args} exited with {out.returncode}:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -119,6 +125,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--skip-step", action="store_true")
+    p.add_argument("--compile-threads", default="1", help="Inductor's compile threads in the cold runs: a number, or "
+                                                          "auto (its default, as the engine runs)")
     p.add_argument("--out")
     p.add_argument("--_cold", nargs=3, help=argparse.SUPPRESS)
     p.add_argument("--_step", nargs=1, help=argparse.SUPPRESS)
@@ -129,11 +137,11 @@ def main() -> None:
     if a._step:
         print(json.dumps(step(a._step[0], a.step_size, a.context, a.rounds, a.reps)))
         return
-    result = {"cpu": _cpu(), "cold": [], "step": []}
+    result = {"cpu": _cpu(), "compile_threads": a.compile_threads, "cold": [], "step": []}
     for preset in a.presets.split(","):
         for sizes in a.sizes.split(";"):
             for mode in a.modes.split(","):
-                result["cold"].append(_fresh(["--_cold", preset, mode, sizes]))
+                result["cold"].append(_fresh(["--_cold", preset, mode, sizes], a.compile_threads))
                 print(json.dumps(result["cold"][-1]), file=sys.stderr)
         if not a.skip_step:
             result["step"].append(_fresh(["--_step", preset, "--step-size", str(a.step_size), "--context",

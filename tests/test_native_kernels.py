@@ -549,6 +549,45 @@ def test_every_native_kernel_builds_where_the_cpu_and_a_compiler_allow():
 
 
 @needs_mhc
+def test_inside_a_compiled_graph_the_mhc_weights_are_one_opaque_native_op():
+    """Traced, the Sinkhorn iterations unroll into a long chain of tiny ops (half a decoder
+    layer's graph and of its compile time); the cpu backend hands a graph the native weights as
+    one ``flashlane::mhc_weights`` node, with the same numbers as the eager native path."""
+    from flashlane.kernels.backends.cpu.backend import CpuBackend
+
+    g = torch.Generator().manual_seed(9)
+    n, hidden = 4, 32
+    streams = torch.randn(5, n, hidden, generator=g)
+    fn, base = torch.randn((2 + n) * n, n * hidden, generator=g), torch.randn((2 + n) * n, generator=g)
+    scale, kw = torch.rand(3, generator=g) + 0.5, dict(norm_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=20)
+    mixed = 3 * torch.randn(6, (2 + n) * n, generator=g)
+    torch.library.opcheck(mhc_weights.weights_op, (mixed, n, base, scale, 1e-6, 20))
+    for a, b in zip(mhc_weights.weights_op(mixed, n, base, scale, 1e-6, 20),
+                    mhc_weights.mhc_weights(mixed, n, base, scale, 1e-6, 20)):
+        assert torch.equal(a, b)
+
+    def traced(native: bool):
+        ops, graphs = CpuBackend(), []
+        ops.native = native
+
+        def backend(gm, inputs):
+            graphs.append([node.target for node in gm.graph.nodes if node.op == "call_function"])
+            return gm.forward
+
+        fn_c = torch.compile(lambda s: ops.mhc_pre(s, fn, base, scale, **kw), backend=backend, fullgraph=True)
+        with torch.no_grad():
+            return fn_c(streams), graphs[0]
+
+    (out, post, comb), nodes = traced(native=True)
+    assert nodes.count(torch.ops.flashlane.mhc_weights.default) == 1 and len(nodes) < 30
+    want = mhc_weights.hc_pre(streams, fn, base, scale, **kw)
+    for a, b in zip((out, post, comb), want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    _, unrolled = traced(native=False)
+    assert torch.ops.flashlane.mhc_weights.default not in unrolled and len(unrolled) > 100
+
+
+@needs_mhc
 def test_a_static_graph_engines_eager_steps_take_the_native_mhc_not_a_compiled_torch_one(monkeypatch):
     """With --compile the model asks for its mHC compiled (``compiled=True``); outside a graph the
     cpu backend still runs the native kernels (torch.compile of the torch mHC made a tiny-flash

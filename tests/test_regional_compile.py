@@ -116,3 +116,21 @@ def test_whole_model_mode_is_one_function():
     cd = CompiledDecode(eng.model, eng.cache.tensors, (2,), None, ops=eng.ops, regional=False, backend="eager")
     warm = cd.warm_up()
     assert warm.mode == "whole" and cd.num_kinds == 1 and warm.graphs >= 1
+
+
+def test_the_vector_isa_probe_runs_beside_the_tracing_and_leaves_inductors_answer_alone(monkeypatch):
+    """Inductor's first CPU kernel waits for a test build per vector ISA, one after another; warm-up
+    starts them at once on other threads. The ISA Inductor then picks is the one it picks alone,
+    and where torch's private module lacks what the probe reads, nothing is started."""
+    from torch._inductor import cpu_vec_isa
+
+    from flashlane.engine.compiled_decode import probe_vector_isas
+
+    waiter = probe_vector_isas()
+    if waiter is not None:                     # x86: one build per ISA the CPU flags name
+        waiter.join(timeout=300)
+        assert not waiter.is_alive()
+        picked = cpu_vec_isa.pick_vec_isa()
+        assert picked is cpu_vec_isa.invalid_vec_isa or picked in cpu_vec_isa.valid_vec_isa_list()
+    monkeypatch.delattr(cpu_vec_isa, "x86_isa_checker")
+    assert probe_vector_isas() is None

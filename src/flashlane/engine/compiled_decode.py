@@ -36,6 +36,7 @@ import dataclasses
 import inspect
 import logging
 import os
+import threading
 import time
 import types
 from dataclasses import dataclass
@@ -79,6 +80,30 @@ def cuda_graph_mode(device: str) -> str | None:
     ("reduce-overhead") replay each bucket's captured graph; the padded batches keep shapes and
     the cache's per-layer views keep addresses fixed, as capture needs. CPU: plain Inductor."""
     return "reduce-overhead" if torch.device(device).type == "cuda" else None
+
+
+def probe_vector_isas() -> threading.Thread | None:
+    """Start Inductor's probe of this CPU's vector ISAs on other threads, all at once.
+
+    Inductor's first CPU kernel waits for it: a test build and load per ISA, one after another
+    (11.5 s of a cold start on 2 cores, measured). Started before the first graph is traced, the
+    builds run beside the tracing and one another; Inductor then finds the answers cached. Only
+    a head start: where torch's private module differs, nothing is started and Inductor probes
+    as it always does."""
+    try:
+        from torch._inductor import cpu_vec_isa
+
+        present = set(cpu_vec_isa.x86_isa_checker())
+        candidates = [isa for isa in cpu_vec_isa.supported_vec_isa_list
+                      if all(flag in present for flag in str(isa).split())]
+    except (ImportError, AttributeError):
+        return None
+    probes = [threading.Thread(target=bool, args=(isa,), daemon=True, name=f"probe-{isa}") for isa in candidates]
+    for t in probes:
+        t.start()
+    waiter = threading.Thread(target=lambda: [t.join() for t in probes], daemon=True)
+    waiter.start()
+    return waiter
 
 
 @dataclass
@@ -372,6 +397,8 @@ class CompiledDecode:
         """Compile every bucket (and the dynamic table width) on padding-only batches: they write
         only the null page and slot, so the cache is untouched."""
         start = time.monotonic()
+        if self._backend == "inductor" and self.cache.device.type == "cpu":
+            probe_vector_isas()
         for size in self.sizes:
             for pages in (self.min_width, self.min_width + WIDTH_MULTIPLE):
                 batch = ForwardBatch.padded_decode([], [], [], [], self.cache, size, self.width(pages),

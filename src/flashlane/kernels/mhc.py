@@ -34,10 +34,12 @@ def hc_weights(mixed: torch.Tensor, n: int, base: torch.Tensor, scale: torch.Ten
 
 
 def hc_pre(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, *,
-           norm_eps: float, hc_eps: float, sinkhorn_iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+           norm_eps: float, hc_eps: float, sinkhorn_iters: int, weights=hc_weights
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """streams [N, n, H] -> (collapsed [N, H] in the streams' dtype, post [N, n] fp32, comb [N, n, n] fp32).
 
-    ``fn`` [(2+n)n, n*H], ``base`` [(2+n)n], ``scale`` [3] = (pre, post, comb) scales.
+    ``fn`` [(2+n)n, n*H], ``base`` [(2+n)n], ``scale`` [3] = (pre, post, comb) scales; ``weights``
+    computes them as ``hc_weights`` does (a backend's kernel of it).
     """
     if streams.dim() != 3:
         raise ValueError(f"hc_pre: streams must be [tokens, n_streams, hidden], got {tuple(streams.shape)}")
@@ -48,7 +50,7 @@ def hc_pre(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: t
     flat = streams.reshape(streams.shape[0], -1).float()
     flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + norm_eps)
     mixed = F.linear(flat, fn.float())
-    pre, post, comb = hc_weights(mixed, n, base, scale, hc_eps, sinkhorn_iters)
+    pre, post, comb = weights(mixed, n, base, scale, hc_eps, sinkhorn_iters)
     collapsed = (pre.unsqueeze(-1) * streams).sum(1).to(streams.dtype)
     return collapsed, post, comb
 

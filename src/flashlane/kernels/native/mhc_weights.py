@@ -13,6 +13,7 @@ import functools
 
 import torch
 
+from .. import mhc
 from . import row_gemm
 from .build import OPENMP, load, why_unavailable
 from .row_split import team_threads_by_values
@@ -54,6 +55,10 @@ def mhc_weights(mixed: torch.Tensor, n: int, base: torch.Tensor, scale: torch.Te
     """mixed [N, (2 + n) n] float32 -> (pre [N, n], post [N, n], comb [N, n, n]), or None."""
     if mixed.dim() != 2 or mixed.shape[1] != (2 + n) * n or iters < 1 or not _eager(mixed, base, scale):
         return None
+    return _weights(mixed, n, base, scale, hc_eps, iters)
+
+
+def _weights(mixed, n, base, scale, hc_eps, iters):
     rows = mixed.float().contiguous()
     b, s = base.float().contiguous(), scale.float().contiguous()
     count = rows.shape[0]
@@ -63,6 +68,24 @@ def mhc_weights(mixed: torch.Tensor, n: int, base: torch.Tensor, scale: torch.Te
     _functions()[0](rows.data_ptr(), count, n, b.data_ptr(), s.data_ptr(), hc_eps, iters, pre.data_ptr(),
                     post.data_ptr(), comb.data_ptr(), team_threads_by_values(count, rows.shape[1] * iters))
     return pre, post, comb
+
+
+@torch.library.custom_op("flashlane::mhc_weights", mutates_args=())
+def weights_op(mixed: torch.Tensor, n: int, base: torch.Tensor, scale: torch.Tensor, hc_eps: float,
+               iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``mhc_weights`` as one op a compiled graph calls as it is: traced, the Sinkhorn iterations
+    unroll into ~150 tiny ops per mHC, half of a decoder layer's graph and of its compile time.
+    Where the kernel cannot run (another device, not built), the torch formulas."""
+    if mixed.device.type == "cpu" and iters >= 1 and unavailable() is None:
+        return _weights(mixed, n, base, scale, hc_eps, iters)   # hc_pre checked the shapes when traced
+    return tuple(t.contiguous() for t in mhc.hc_weights(mixed.float(), n, base, scale, hc_eps, iters))
+
+
+@weights_op.register_fake
+def _(mixed, n, base, scale, hc_eps, iters):
+    count = mixed.shape[0]
+    return (mixed.new_empty(count, n, dtype=torch.float32), mixed.new_empty(count, n, dtype=torch.float32),
+            mixed.new_empty(count, n, n, dtype=torch.float32))
 
 
 def hc_pre(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, *,
