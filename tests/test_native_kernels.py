@@ -565,6 +565,9 @@ def test_inside_a_compiled_graph_the_mhc_weights_are_one_opaque_native_op():
     for a, b in zip(mhc_weights.weights_op(mixed, n, base, scale, 1e-6, 20),
                     mhc_weights.mhc_weights(mixed, n, base, scale, 1e-6, 20)):
         assert torch.equal(a, b)
+    for a, b in zip(mhc_weights.weights_op(mixed, n, base, scale, 1e-6, 0),      # the kernel declines 0
+                    hc_weights(mixed, n, base, scale, 1e-6, 0)):
+        assert torch.equal(a, b)
 
     def traced(native: bool):
         ops, graphs = CpuBackend(), []

@@ -82,7 +82,7 @@ def cuda_graph_mode(device: str) -> str | None:
     return "reduce-overhead" if torch.device(device).type == "cuda" else None
 
 
-def probe_vector_isas() -> threading.Thread | None:
+def probe_vector_isas() -> list[threading.Thread] | None:
     """Start Inductor's probe of this CPU's vector ISAs on other threads, all at once.
 
     Inductor's first CPU kernel waits for it: a test build and load per ISA, one after another
@@ -101,9 +101,7 @@ def probe_vector_isas() -> threading.Thread | None:
     probes = [threading.Thread(target=bool, args=(isa,), daemon=True, name=f"probe-{isa}") for isa in candidates]
     for t in probes:
         t.start()
-    waiter = threading.Thread(target=lambda: [t.join() for t in probes], daemon=True)
-    waiter.start()
-    return waiter
+    return probes
 
 
 @dataclass

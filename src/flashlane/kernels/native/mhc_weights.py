@@ -74,7 +74,7 @@ def _weights(mixed, n, base, scale, hc_eps, iters):
 def weights_op(mixed: torch.Tensor, n: int, base: torch.Tensor, scale: torch.Tensor, hc_eps: float,
                iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``mhc_weights`` as one op a compiled graph calls as it is: traced, the Sinkhorn iterations
-    unroll into ~150 tiny ops per mHC, half of a decoder layer's graph and of its compile time.
+    unroll into ~140 tiny ops per mHC, half of a decoder layer's graph and of its compile time.
     Where the kernel cannot run (another device, not built), the torch formulas."""
     if mixed.device.type == "cpu" and iters >= 1 and unavailable() is None:
         return _weights(mixed, n, base, scale, hc_eps, iters)   # hc_pre checked the shapes when traced
