@@ -103,6 +103,31 @@ def check_against_composed(w, g, lens, page, tol, pool_tol):
         assert torch.equal(alone, got[b:b + 1])
 
 
+@pytest.mark.skipif(decode_layer._VARIANTS.unavailable("avx512") is not None,
+                    reason="the AVX-512 build needs a CPU with avx512f")
+@pytest.mark.parametrize("kind", ["float32", "int8", "w8a8"])
+def test_the_avx512_build_equals_the_avx2_build_bit_for_bit(monkeypatch, kind):
+    """The layer built with AVX-512 (its linears up to 8 rows per pass, two weight rows per
+    vector) gives the AVX2 build's bits, output and pool, at 1, 5 and 11 rows."""
+    g = torch.Generator().manual_seed(7)
+    w = _layer(g, 48, 136, 6, 2, 32, True, kind)
+    page = 16
+    for rows in (1, 5, 11):
+        lens = torch.randint(1, 300, (rows,), generator=g)
+        pages = int(lens.max() + page - 1) // page
+        tables = torch.randperm(4096 // page, generator=g)[:rows * pages].view(rows, pages).contiguous()
+        slots = tables.gather(1, ((lens - 1) // page)[:, None])[:, 0] * page + (lens - 1) % page
+        pool, h = torch.randn(4096, 2 * 2 * 32, generator=g), torch.randn(rows, 48, generator=g)
+        pos = (lens - 1).float()[:, None] * torch.rand(16, generator=g)[None]
+        cos, sin = torch.cat((pos, pos), -1).cos(), torch.cat((pos, pos), -1).sin()
+        got = {}
+        for variant in ("avx2", "avx512"):
+            monkeypatch.setattr(decode_layer, "_function", lambda v=variant: decode_layer._variant_function(v))
+            p = pool.clone()
+            got[variant] = (decode_layer.decode_layer(h, w, cos, sin, p, slots, tables, lens, page, 32 ** -0.5), p)
+        assert torch.equal(got["avx512"][0], got["avx2"][0]) and torch.equal(got["avx512"][1], got["avx2"][1])
+
+
 BF16_WHY_NOT = decode_layer.bf16_unavailable()
 needs_bf16_layer = pytest.mark.skipif(BF16_WHY_NOT is not None, reason=f"bf16 layer kernel: {BF16_WHY_NOT}")
 

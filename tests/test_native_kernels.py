@@ -57,6 +57,29 @@ def test_a_row_gets_the_same_bits_alone_and_in_any_batch():
             assert torch.equal(batch[i:i + 1], alone[i]), (rows, i)
 
 
+@pytest.mark.skipif(row_gemm.unavailable("avx512") is not None, reason="the AVX-512 build needs a CPU with avx512f")
+@pytest.mark.parametrize("n, k", [(576, 576), (49, 77), (7, 13), (1000, 8), (3, 1), (6, 1536)])
+def test_the_avx512_build_sums_as_the_avx2_build_bit_for_bit(monkeypatch, n, k):
+    """Two weight rows per 16-lane vector, each half summed as the AVX2 build's 8 lanes, up to 8
+    rows of x per pass: the same bits for float32, int8 weight-only and W8A8 weights at every row
+    count it takes, on ragged N and K; the AVX-512 build is the one this CPU gets."""
+    g = torch.Generator().manual_seed(n + k)
+    w, b = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+    qw = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+    scale = torch.rand(n, generator=g)
+    assert row_gemm.best_variant() == "avx512"
+    for rows in range(1, row_gemm.MAX_ROWS + 1):
+        x = torch.randn(rows, k, generator=g)
+        got = {}
+        for variant in ("avx2", "avx512"):
+            monkeypatch.setattr(row_gemm, "best_variant", lambda v=variant: v)
+            got[variant] = (row_gemm.linear(x, w, b if rows % 2 else None),
+                            row_gemm.int8_linear(x, qw, scale, b, None),
+                            row_gemm.int8_linear(x, qw, scale, None, None, activations="int8"))
+        for wide, narrow in zip(got["avx512"], got["avx2"]):
+            assert torch.equal(wide, narrow), (rows, n, k)
+
+
 @needs_native
 def test_shapes_strides_and_what_it_hands_to_torch():
     g = torch.Generator().manual_seed(2)
@@ -135,13 +158,15 @@ def test_no_compiler_and_a_failed_build_are_reasons_not_crashes(monkeypatch, tmp
     assert not list((tmp_path / "cache" / "kernels").glob("*.so"))       # nothing half-built left
 
 
-def test_a_cpu_without_avx2_is_refused_by_name(monkeypatch):
-    from flashlane.kernels import cpu_caps
+def test_a_cpu_without_avx2_is_refused_by_name():
+    from flashlane.kernels.cpu_caps import CpuCaps
+    from flashlane.kernels.native import simd_variants
 
-    monkeypatch.setattr(row_gemm, "detect_cpu_caps", lambda: cpu_caps.CpuCaps("DEFAULT", frozenset({"sse4_2"})))
-    assert row_gemm.unavailable() == "the CPU lacks avx2, fma, f16c"
-    monkeypatch.setattr(row_gemm, "detect_cpu_caps", lambda: cpu_caps.CpuCaps("DEFAULT"))
-    assert "capability DEFAULT" in row_gemm.unavailable()
+    sse = CpuCaps("DEFAULT", frozenset({"sse4_2"}))     # what row_gemm.unavailable() asks of this CPU's caps
+    assert simd_variants.cpu_unavailable("avx2", sse) == "the CPU lacks avx2, fma, f16c"
+    assert simd_variants.cpu_unavailable("avx512", sse) == "the CPU lacks avx512f"
+    assert row_gemm.cpu_unavailable(CpuCaps("DEFAULT", frozenset({"sse4_2"}))) == "the CPU lacks avx2, fma, f16c"
+    assert "capability DEFAULT" in row_gemm.cpu_unavailable(CpuCaps("DEFAULT"))
 
 
 # ---- RMSNorm and rotate-half RoPE (norm_rope.cpp) ----------------------------------------------

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -59,10 +60,11 @@ def detect_cpu_caps() -> CpuCaps:
     return CpuCaps(torch.backends.cpu.get_cpu_capability(), _cpuinfo_flags())
 
 
-_TIMINGS: dict[tuple, float] = {}
+T = TypeVar("T")
+_TIMINGS: dict[tuple, object] = {}
 
 
-def timed_once(key: tuple, measure: Callable[[], float]) -> float:
+def timed_once(key: tuple, measure: Callable[[], T]) -> T:
     """``measure()`` once per process for ``key`` at the current torch thread count: several
     engines started in one process time each start-up case once."""
     full = (*key, torch.get_num_threads())

@@ -15,6 +15,7 @@ import torch
 from ..gguf_blocks import BLOCK, BYTES, GROUP
 from . import row_gemm
 from .build import load, why_unavailable
+from .simd_variants import VARIANT_FLAGS, Variants
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
@@ -37,11 +38,19 @@ _ARGS = [_P, _I, _I, _I, ctypes.POINTER(_Weights), ctypes.c_float, _I, _I, _I, _
          _P, _I, ctypes.c_float, _P]
 
 
-@functools.lru_cache(maxsize=1)
-def _function():
-    fn = load("decode_layer", row_gemm.ARCH_FLAGS).llama_decode_layer_f32
+@functools.lru_cache(maxsize=None)
+def _variant_function(variant: str):
+    """The float32 layer of the ``variant`` build (``simd_variants``: its linears round alike)."""
+    fn = load("decode_layer", VARIANT_FLAGS[variant]).llama_decode_layer_f32
     fn.argtypes, fn.restype = _ARGS, None
     return fn
+
+
+_VARIANTS = Variants(_variant_function)
+
+
+def _function():
+    return _variant_function(_VARIANTS.best())
 
 
 @functools.lru_cache(maxsize=1)
@@ -54,7 +63,7 @@ def _bf16_function():
 @functools.lru_cache(maxsize=1)
 def unavailable() -> str | None:
     """Why the float32 kernel cannot run here (None: it can)."""
-    return why_unavailable(row_gemm.cpu_unavailable(), _function)
+    return _VARIANTS.unavailable()
 
 
 @functools.lru_cache(maxsize=1)

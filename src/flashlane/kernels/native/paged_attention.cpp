@@ -9,7 +9,7 @@
 // with a head dim that is a multiple of 16 run sixteen lanes (simd.h's F32x16): 30-35 against
 // 39-44 us per sequence and layer for 8 x 576 tokens, 3 of 9 heads, D 64 (Sapphire Rapids). Its
 // sums run in another order than the eight-lane build's, so the two builds differ in the last
-// bits; float32 pools run eight lanes in every build, so the float32 decode layer (an AVX2 build)
+// bits; float32 pools run eight lanes in every build, so the float32 decode layer (either build)
 // and this kernel stay equal.
 #include "parallel.h"
 #include "simd.h"

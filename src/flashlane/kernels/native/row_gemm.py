@@ -1,5 +1,6 @@
-"""``x @ W^T + b`` for up to ``MAX_ROWS`` rows of float32 x through ``row_gemm.cpp`` (AVX2 + FMA),
-on the weight as loaded: float32 (``linear``) or int8 with per-row scales (``int8_linear``:
+"""``x @ W^T + b`` for up to ``MAX_ROWS`` rows of float32 x through ``row_gemm.cpp`` (AVX2 + FMA;
+built a second time with AVX-512 where the CPU has it, ``simd_variants``: the same sums bit for
+bit, up to 8 rows per pass over the weights), on the weight as loaded: float32 (``linear``) or int8 with per-row scales (``int8_linear``:
 weight-only, or with int8 activations, W8A8); and for bfloat16 x and weights through
 ``row_gemm_amx.cpp`` (AMX tiles, up to ``AMX_MAX_ROWS`` rows, its N split over torch's threads)
 where the CPU and the OS allow AMX, else ``row_gemm_bf16.cpp`` (AVX512_BF16 dot products, up to
@@ -18,6 +19,8 @@ import torch
 from ..cpu_caps import CpuCaps, detect_cpu_caps
 from .build import OPENMP, load, why_unavailable
 from .row_split import team_threads
+from .simd_variants import ARCH_FLAGS, VARIANT_FLAGS, Variants
+from .simd_variants import avx2_unavailable as cpu_unavailable   # re-exported: every native kernel's CPU needs
 
 MAX_ROWS = 16          # measured: ahead of MKL up to 16 rows, behind it at 32 (fp32, Zen 3, 1 thread)
 # bf16: 0.34-0.61x torch's time at 1 row, 0.56-0.89x at 2, 0.80-1.13x at 3 (1 thread, Sapphire
@@ -30,26 +33,12 @@ AMX_MAX_ROWS = 16
 AMX_K = 32             # the tile's k depth: K must be a multiple
 AMX_BLOCK = 64         # output features per tile pass, the unit of its thread split
 AMX_PART = 1 << 18     # weights (features x K) a thread's share should carry at least
-ARCH_FLAGS = ("-mavx2", "-mfma", "-mf16c")   # F16C: the GGUF block kernels' fp16 scales
 BF16_FLAGS = (*ARCH_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512bf16")
 BF16_CPU_FLAGS = ("avx512f", "avx512bw", "avx512_bf16")
 AMX_FLAGS = (*BF16_FLAGS, "-mamx-tile", "-mamx-bf16")
 AMX_CPU_FLAGS = ("amx_tile", "amx_bf16")
 _ARGS = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
          ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-
-
-def cpu_unavailable(caps: CpuCaps | None = None) -> str | None:
-    """Why a CPU with ``caps`` (default: this one) cannot run the native kernels (AVX2 + FMA +
-    F16C builds; every AVX2 CPU so far has F16C); None: it can."""
-    caps = detect_cpu_caps() if caps is None else caps
-    if caps.flags:
-        missing = [f for f in ("avx2", "fma", "f16c") if f not in caps.flags]
-        if missing:
-            return f"the CPU lacks {', '.join(missing)}"
-    elif caps.capability.upper() not in ("AVX2", "AVX512", "AMX"):
-        return f"torch reports CPU capability {caps.capability}, not AVX2"
-    return None
 
 
 def bf16_cpu_unavailable(caps: CpuCaps | None = None) -> str | None:
@@ -96,30 +85,20 @@ def _bf16_function():
     return fn
 
 
-def unavailable() -> str | None:
-    """Why the kernels cannot run on this machine (None: they can)."""
-    return why_unavailable(cpu_unavailable(), lambda: (_function(), _int8_function(), _w8a8_function()))
+@functools.lru_cache(maxsize=None)
+def _library(variant: str) -> ctypes.CDLL:
+    """The ``variant`` build, its float32 (``row_gemm_f32``) and int8 (``row_gemm_i8w``,
+    ``row_gemm_w8a8``) functions typed."""
+    lib = load("row_gemm", VARIANT_FLAGS[variant])
+    lib.row_gemm_f32.argtypes, lib.row_gemm_f32.restype = _ARGS, None
+    for fn in (lib.row_gemm_i8w, lib.row_gemm_w8a8):
+        fn.argtypes, fn.restype = _ARGS[:4] + [ctypes.c_void_p] + _ARGS[4:], None
+    return lib
 
 
-@functools.lru_cache(maxsize=1)
-def _function():
-    fn = load("row_gemm", ARCH_FLAGS).row_gemm_f32
-    fn.argtypes, fn.restype = _ARGS, None
-    return fn
-
-
-@functools.lru_cache(maxsize=1)
-def _int8_function():
-    fn = load("row_gemm", ARCH_FLAGS).row_gemm_i8w
-    fn.argtypes, fn.restype = _ARGS[:4] + [ctypes.c_void_p] + _ARGS[4:], None
-    return fn
-
-
-@functools.lru_cache(maxsize=1)
-def _w8a8_function():
-    fn = load("row_gemm", ARCH_FLAGS).row_gemm_w8a8
-    fn.argtypes, fn.restype = _ARGS[:4] + [ctypes.c_void_p] + _ARGS[4:], None
-    return fn
+_VARIANTS = Variants(_library)
+# unavailable(variant=None): why that build (default: this CPU's) cannot run here (None: it can)
+unavailable, best_variant = _VARIANTS.unavailable, _VARIANTS.best
 
 
 def takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, weight_dtype: torch.dtype) -> bool:
@@ -174,7 +153,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     if bf16 is not None:
         fn, b = _bf16_function() if bf16 == "dot" else None, None if bias is None else bias.float().contiguous()
     elif takes(x, weight, bias, torch.float32):
-        fn, b = _function(), None if bias is None else bias.contiguous()
+        fn, b = _library(best_variant()).row_gemm_f32, None if bias is None else bias.contiguous()
     else:
         return torch.nn.functional.linear(x, weight, bias)
     n, k = weight.shape
@@ -198,7 +177,8 @@ def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bia
     take the call (more than ``MAX_ROWS`` rows, other dtypes or devices)."""
     if not takes(x, qweight, bias, torch.int8) or scale.dtype != torch.float32:
         return otherwise(x, qweight, scale, bias)
-    fn = {"float32": _int8_function, "int8": _w8a8_function}[activations]()
+    lib = _library(best_variant())
+    fn = {"float32": lib.row_gemm_i8w, "int8": lib.row_gemm_w8a8}[activations]
     n, k = qweight.shape
     a = _rows(x)
     w = qweight if qweight.stride(-1) == 1 else qweight.contiguous()

@@ -1,6 +1,6 @@
 """Kernels built twice from one source: ``avx2`` (8-lane vectors) and ``avx512`` (16 lanes, where
 /proc/cpuinfo lists avx512f and it builds), chosen once by what the CPU has. Each pair rounds
-alike, lane for lane (``index_scores``, ``swiglu``)."""
+alike, lane for lane (``index_scores``, ``swiglu``, ``row_gemm``, ``decode_layer``)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,23 @@ import functools
 from collections.abc import Callable
 
 from ..cpu_caps import CpuCaps, detect_cpu_caps
-from . import row_gemm
 from .build import why_unavailable
 
-VARIANT_FLAGS = {"avx2": row_gemm.ARCH_FLAGS, "avx512": (*row_gemm.ARCH_FLAGS, "-mavx512f")}
+ARCH_FLAGS = ("-mavx2", "-mfma", "-mf16c")   # every native kernel's base; F16C: the GGUF block kernels' fp16 scales
+VARIANT_FLAGS = {"avx2": ARCH_FLAGS, "avx512": (*ARCH_FLAGS, "-mavx512f")}
+
+
+def avx2_unavailable(caps: CpuCaps | None = None) -> str | None:
+    """Why a CPU with ``caps`` (default: this one) cannot run the native kernels (AVX2 + FMA +
+    F16C builds; every AVX2 CPU so far has F16C); None: it can."""
+    caps = detect_cpu_caps() if caps is None else caps
+    if caps.flags:
+        missing = [f for f in ("avx2", "fma", "f16c") if f not in caps.flags]
+        if missing:
+            return f"the CPU lacks {', '.join(missing)}"
+    elif caps.capability.upper() not in ("AVX2", "AVX512", "AMX"):
+        return f"torch reports CPU capability {caps.capability}, not AVX2"
+    return None
 
 
 def cpu_unavailable(variant: str, caps: CpuCaps | None = None) -> str | None:
@@ -19,7 +32,7 @@ def cpu_unavailable(variant: str, caps: CpuCaps | None = None) -> str | None:
     caps = detect_cpu_caps() if caps is None else caps
     if variant == "avx512" and "avx512f" not in caps.flags:
         return "the CPU lacks avx512f"
-    return row_gemm.cpu_unavailable(caps)
+    return avx2_unavailable(caps)
 
 
 class Variants:
