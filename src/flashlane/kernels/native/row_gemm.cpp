@@ -95,12 +95,19 @@ static inline void tile_pairs(const float* A, int64_t lda, const WT* W, int64_t 
     __m512 acc[MR][NP];
     for (int i = 0; i < MR; i++)
         for (int p = 0; p < NP; p++) acc[i][p] = _mm512_setzero_ps();
-    const int8_t* next = (const int8_t*)(W + 2 * NP * ldw);   // int8: as tile
+    // the next 2 * NP weight rows fetched meanwhile: int8 as tile does; float32 too, a cache line
+    // of each next row per line of these (with up to 8 rows of A a line takes long enough to use
+    // that the hardware prefetcher fell behind: SmolLM2's linears at 8 rows, from memory, 8 against
+    // 12 GB/s, where 1 row reads 14)
+    const WT* next = W + 2 * NP * ldw;
     int64_t k = 0;
     for (; k + 8 <= K; k += 8) {
-        if constexpr (sizeof(WT) == 1)
+        if constexpr (sizeof(WT) == 1) {
             if (k % 32 == 0)
                 for (int l = 0; l < 2 * NP * 32; l += 64) _mm_prefetch((const char*)next + k * 2 * NP + l, _MM_HINT_T0);
+        } else if (k % 16 == 0) {
+            for (int j = 0; j < 2 * NP; j++) _mm_prefetch((const char*)(next + j * ldw + k), _MM_HINT_T0);
+        }
         __m512 w[NP];
         for (int p = 0; p < NP; p++) w[p] = halves(load8(W + 2 * p * ldw + k), load8(W + (2 * p + 1) * ldw + k));
         for (int i = 0; i < MR; i++) {
