@@ -25,6 +25,13 @@ static inline __m256 load_tail(const int8_t* w, __m256i, int64_t n) {
     return load8(buf);
 }
 
+// one output from its dot product: scaled (int8 weights), then the bias added; every tile of
+// both builds stores through this, so they round alike
+static inline void store_dot(float dot, float* c, int64_t j, const float* bias, const float* scale) {
+    if (scale) dot *= scale[j];
+    c[j] = dot + (bias ? bias[j] : 0.0f);
+}
+
 // C[i, j] = (A[i, :] . W[j, :]) * scale[j] (+ bias[j]) for MR rows of A and NR rows of W
 // (scale: int8 weights' per-row scales, null for float32)
 template <int MR, int NR, typename WT>
@@ -57,11 +64,7 @@ static inline void tile(const float* A, int64_t lda, const WT* W, int64_t ldw, i
         }
     }
     for (int i = 0; i < MR; i++)
-        for (int j = 0; j < NR; j++) {
-            float dot = hsum(acc[i][j]);
-            if (scale) dot *= scale[j];
-            C[i * ldc + j] = dot + (bias ? bias[j] : 0.0f);
-        }
+        for (int j = 0; j < NR; j++) store_dot(hsum(acc[i][j]), C + i * ldc, j, bias, scale);
 }
 
 // all M rows against NR rows of W: the NR weight rows stay in L1 while the row pairs pass
@@ -125,13 +128,10 @@ static inline void tile_pairs(const float* A, int64_t lda, const WT* W, int64_t 
         }
     }
     for (int i = 0; i < MR; i++)
-        for (int p = 0; p < NP; p++)
-            for (int h = 0; h < 2; h++) {
-                const int j = 2 * p + h;
-                float dot = hsum(h ? high_half(acc[i][p]) : _mm512_castps512_ps256(acc[i][p]));
-                if (scale) dot *= scale[j];
-                C[i * ldc + j] = dot + (bias ? bias[j] : 0.0f);
-            }
+        for (int p = 0; p < NP; p++) {
+            store_dot(hsum(_mm512_castps512_ps256(acc[i][p])), C + i * ldc, 2 * p, bias, scale);
+            store_dot(hsum(high_half(acc[i][p])), C + i * ldc, 2 * p + 1, bias, scale);
+        }
 }
 
 // all M rows against 2 * NP rows of W, 8 rows of A at a time
