@@ -48,8 +48,8 @@ def test_a_format_is_timed_in_turn_with_aten_on_the_same_weight(monkeypatch):
     calls = []
     monkeypatch.setattr(linear_plan, "linear", lambda fmt, x, packed, bias: calls.append((fmt, packed.data_ptr())))
     aten_s, native_s = linear_plan.measure_beside_aten("native", 2, (16, 8), torch.float32)
-    abba = ["aten", "native", "native", "aten"] * (linear_plan.ROUNDS // 2) + ["aten", "native"] * (linear_plan.ROUNDS % 2)
-    assert [f for f, _ in calls] == ["aten", "native"] + abba
+    pairs = [["aten", "native"] if r % 2 == 0 else ["native", "aten"] for r in range(linear_plan.ROUNDS)]
+    assert [f for f, _ in calls] == ["aten", "native"] + sum(pairs, [])
     assert len({ptr for _, ptr in calls}) == 1              # native multiplies the weight as loaded: the same one
     assert 0 < aten_s < 1 and 0 < native_s < 1
 

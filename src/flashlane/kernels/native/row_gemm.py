@@ -1,13 +1,13 @@
 """``x @ W^T + b`` for up to ``MAX_ROWS`` rows of float32 x through ``row_gemm.cpp`` (AVX2 + FMA;
 built a second time with AVX-512 where the CPU has it, ``simd_variants``: the same sums bit for
-bit, up to 8 rows per pass over the weights), on the weight as loaded: float32 (``linear``) or int8 with per-row scales (``int8_linear``:
-weight-only, or with int8 activations, W8A8); and for bfloat16 x and weights through
-``row_gemm_amx.cpp`` (AMX tiles, up to ``AMX_MAX_ROWS`` rows, its N split over torch's threads)
-where the CPU and the OS allow AMX, else ``row_gemm_bf16.cpp`` (AVX512_BF16 dot products, up to
-``BF16_MAX_ROWS``) where the CPU has it; both sum in float32 and round to bf16 once. Faster than
-torch's GEMM where the rows are few (decode) and batch-invariant; more rows go to torch. The
-float32 and int8 kernels are single-threaded: the linear plan only picks the format where a
-start-up timing at the engine's thread count finds it faster."""
+bit, up to 8 rows per pass over the weights), on the weight as loaded: float32 (``linear``) or
+int8 with per-row scales (``int8_linear``: weight-only, or with int8 activations, W8A8); and for
+bfloat16 x and weights through ``row_gemm_amx.cpp`` (AMX tiles, up to ``AMX_MAX_ROWS`` rows, its N
+split over torch's threads) where the CPU and the OS allow AMX, else ``row_gemm_bf16.cpp``
+(AVX512_BF16 dot products, up to ``BF16_MAX_ROWS``) where the CPU has it; both sum in float32 and
+round to bf16 once. Faster than torch's GEMM where the rows are few (decode) and batch-invariant;
+more rows go to torch. The float32 and int8 kernels are single-threaded: the linear plan only
+picks the format where a start-up timing at the engine's thread count finds it faster."""
 
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ from collections.abc import Callable
 from ..cpu_caps import CpuCaps, detect_cpu_caps
 from .build import why_unavailable
 
-ARCH_FLAGS = ("-mavx2", "-mfma", "-mf16c")   # every native kernel's base; F16C: the GGUF block kernels' fp16 scales
+# every native kernel's base flags (F16C: the GGUF block kernels' fp16 scales)
+ARCH_FLAGS = ("-mavx2", "-mfma", "-mf16c")
 VARIANT_FLAGS = {"avx2": ARCH_FLAGS, "avx512": (*ARCH_FLAGS, "-mavx512f")}
 
 
