@@ -98,6 +98,7 @@ def probe_vector_isas() -> list[threading.Thread] | None:
                       if all(flag in present for flag in str(isa).split())]
     except (ImportError, AttributeError):
         return None
+    # a VecISA's truth value is its probe, cached on the ISA object Inductor asks later
     probes = [threading.Thread(target=bool, args=(isa,), daemon=True, name=f"probe-{isa}") for isa in candidates]
     for t in probes:
         t.start()

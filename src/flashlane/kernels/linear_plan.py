@@ -154,7 +154,8 @@ def measure_beside_aten(fmt: str, rows: int, shape: tuple[int, int], dtype: torc
         for f, packed in sides:
             linear(f, x, packed, None)
         for r in range(rounds):
-            for i, (f, packed) in (enumerate(sides) if r % 2 == 0 else reversed(list(enumerate(sides)))):
+            for i in (0, 1) if r % 2 == 0 else (1, 0):
+                f, packed = sides[i]
                 t0 = time.perf_counter()
                 linear(f, x, packed, None)
                 best[i] = min(best[i], time.perf_counter() - t0)
