@@ -109,7 +109,7 @@ def per_step_error(model, records: list[dict]) -> dict:
     from flashlane.analyze.step_cost import StepShape, error_summary
 
     shapes = [StepShape.from_record(r) for r in records]
-    out = error_summary(model, shapes, [r["end"] - r["start"] for r in records])
+    out = error_summary(model.seconds, shapes, [r["end"] - r["start"] for r in records])
     return {k: {m: round(v, 4) if isinstance(v, float) else v for m, v in d.items()} for k, d in out.items()}
 
 

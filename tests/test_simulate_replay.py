@@ -615,6 +615,26 @@ def test_the_simulated_server_scales_step_costs_by_the_measured_served_steps():
     assert setup.cost(six) == pytest.approx(1.12 * 1.06 * alone(six), rel=1e-12)            # held at 4
 
 
+def test_the_per_step_error_prices_measured_steps_as_the_simulation_prices_them(tmp_path):
+    """compare's per-step error: each measured step against the simulated server's cost (served-step
+    scales included), not the engine alone's, so it measures the simulator that ran."""
+    import json
+
+    from flashlane.cli.compare_simulation import per_step_error
+
+    fe = {**MEASURED_FE, "served_prefill_scale": 1.25, "served_decode_scale": 1.5}
+    setup, _ = sim_setup.calibrated(MODEL, calibration(front_end=fe), {})
+    prefill, decode = StepShape(prefill=((100, 0),)), StepShape(decode=(50,))
+    (tmp_path / "telemetry").mkdir()
+    records = [{"start": 1.0, "end": 1.0 + setup.cost(prefill), "seq_new_tokens": [100], "seq_cached_tokens": [0]},
+               {"start": 2.0, "end": 2.0 + 2 * setup.cost(decode), "seq_new_tokens": [1], "seq_cached_tokens": [50]}]
+    (tmp_path / "telemetry" / "engine_steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    got = per_step_error(calibration(front_end=fe), MODEL, [tmp_path])
+    assert got["prefill"]["median_rel_error"] == pytest.approx(0.0, abs=1e-9)
+    assert got["decode"]["median_rel_error"] == pytest.approx(0.5, rel=1e-9)       # priced at half the measured
+    assert got["all"]["predicted_s"] == pytest.approx(setup.cost(prefill) + setup.cost(decode), rel=1e-9)
+
+
 def test_a_calibration_in_the_servers_mode_gives_its_costs_and_front_end(tmp_path):
     setup, warnings = sim_setup.calibrated(MODEL, calibration(), {})
     assert warnings == []

@@ -222,6 +222,8 @@ def test_calibrate_fits_the_engine_and_writes_a_calibration_that_checks_machine_
     # the front end was measured one request at a time, then 3 at once (the largest batch)
     assert raw["front_end"]["served_decode_scale"] > 0 and raw["front_end"]["served_contention_seqs"] >= 2
     assert "waves of 3 at once" in raw["front_end"]["source"]
+    # its requests as long as the grid's (--decode-tokens), after the grid's warm-up
+    assert "3 tokens each, after a warm-up of 64 tokens and 3 at once" in raw["front_end"]["source"]
     here = machine_info()
     mode = dict(raw["mode"])
     cal, warnings = load_calibration(out, machine=here, mode=mode)
@@ -249,6 +251,7 @@ def test_calibrate_fits_the_engine_and_writes_a_calibration_that_checks_machine_
     refreshed = json.loads(again.read_text())
     assert refreshed["coefficients"] == raw["coefficients"] and refreshed["mode"] == raw["mode"]
     assert refreshed["front_end"] != raw["front_end"] and "waves of 3 at once" in refreshed["front_end"]["source"]
+    assert "3 tokens each" in refreshed["front_end"]["source"]      # the grid's, from the calibration
     assert "--front-end-only" in refreshed["notes"][-1]
     for argv, named in [(["tiny-standard", "--front-end-only", str(out)], "tiny-flash"),
                         (["tiny-flash", "--front-end-only", str(tmp_path / "none.json")], "cannot read"),
@@ -356,3 +359,10 @@ def test_the_engine_code_fingerprint_follows_the_sources_and_nothing_else(tmp_pa
     (native / "k.cpp").write_text("int k() { return 2; }\n")        # a kernel changed
     assert code_fingerprint(tmp_path) != first
     assert len(engine_code()) == 12
+
+
+def test_the_front_end_measurement_refuses_requests_without_a_decode_step():
+    from flashlane.simulate.measure_front_end import measure_front_end
+
+    with pytest.raises(ValueError, match="output_tokens must be >= 2"):
+        measure_front_end("tiny-flash", [], synth=None, output_tokens=1)

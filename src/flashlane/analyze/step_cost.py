@@ -34,7 +34,7 @@ work and dispatches). The MTP layer's own attention is not counted (one layer of
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..config import ModelConfig
@@ -290,14 +290,16 @@ def _quantile(sorted_xs: Sequence[float], q: float) -> float:
     return sorted_xs[i]
 
 
-def error_summary(model: StepCostModel, shapes: Sequence[StepShape], seconds: Sequence[float]) -> dict:
-    """|predicted - measured| / measured over all steps and by step kind: count, median, p90 and
-    the summed measured and predicted seconds (so errors that cancel in a sum stay visible)."""
+def error_summary(price: Callable[[StepShape], float], shapes: Sequence[StepShape],
+                  seconds: Sequence[float]) -> dict:
+    """|predicted - measured| / measured over all steps and by step kind, each step priced by
+    ``price`` (a model's ``seconds``): count, median, p90 and the summed measured and predicted
+    seconds (so errors that cancel in a sum stay visible)."""
     out = {}
     for kind in ("all", "prefill", "decode", "mixed"):
         pairs = [(s, t) for s, t in zip(shapes, seconds) if kind in ("all", s.kind)]
         if pairs:
-            pred = [model.seconds(s) for s, _ in pairs]
+            pred = [price(s) for s, _ in pairs]
             errs = _rel_errors(pred, [t for _, t in pairs])
             out[kind] = {"steps": len(pairs), "median_rel_error": _quantile(errs, 0.5),
                          "p90_rel_error": _quantile(errs, 0.9), "measured_s": sum(t for _, t in pairs),

@@ -435,7 +435,8 @@ def simulation_note(calibrations: dict | None) -> str:
                      + ("measured" if fe else "not measured") + ")")
     return ("Step costs from `flashlane calibrate` of this machine in the servers' mode (a grid of its own, not "
             "these runs): " + "; ".join(parts) + ". Errors are simulated minus measured, over measured; "
-            "the per-step error prices every measured step record with the step-cost model.")
+            "the per-step error prices every measured step record as the simulation prices a served step "
+            "(the step-cost model times the calibration's served-step scales).")
 
 
 def idle_note(idle: dict | None) -> str:

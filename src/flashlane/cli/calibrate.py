@@ -30,7 +30,8 @@ FOLLOW_UP_TOKENS = (16, 256)
 # min instead of over an hour), but their decode steps then read the same, cache-hot pages, and
 # that fit priced served decode steps 16-36% low (measured), so every prompt is its own.
 # 4: a warm-up of 64 decode steps and one full batch before the grid (``warm_up``).
-CALIBRATION_METHOD = 4
+# 5: the front end's server gets the same warm-up and its requests the grid's --decode-tokens.
+CALIBRATION_METHOD = 5
 
 
 def _ints(value: str) -> tuple[int, ...]:
@@ -133,8 +134,9 @@ def _weight_dtype(info: dict) -> str:
     return "fp32" if info["dtype"] == "float32" else "bf16"
 
 
-def _front_end(model: str, kwargs: dict, seed: int, concurrency: int, predict) -> dict:
-    """The front end of `flashlane serve` with these engine arguments, measured on a server of its own."""
+def _front_end(model: str, kwargs: dict, seed: int, concurrency: int, predict, output_tokens: int) -> dict:
+    """The front end of `flashlane serve` with these engine arguments, measured on a server of its
+    own with requests of the grid's length (``output_tokens``)."""
     from .. import presets
     from ..bench.text_synth import TextSynth, load_tokenizer
     from ..simulate.measure_front_end import measure_front_end
@@ -143,7 +145,7 @@ def _front_end(model: str, kwargs: dict, seed: int, concurrency: int, predict) -
     synth = TextSynth(seed, load_tokenizer(model, presets.tokenizer_file) if presets.tokenizer_file(model) else None)
     return measure_front_end(model, flags_of_engine_kwargs(kwargs), synth,
                              log=lambda m: print(m, file=sys.stderr), predict=predict,
-                             concurrency=concurrency).to_dict()
+                             concurrency=concurrency, output_tokens=output_tokens).to_dict()
 
 
 def _refresh_front_end(args) -> int:
@@ -176,7 +178,8 @@ def _refresh_front_end(args) -> int:
     if kwargs.get("kv_cache_dtype") == kwargs.get("dtype"):
         del kwargs["kv_cache_dtype"]        # recorded resolved: the model's dtype is the flag's "auto"
     predict = cal.cost_model(resolve_model(args.model).cfg).seconds
-    front_end = _front_end(args.model, kwargs, args.seed, max(cal.grid.get("batches") or [1]), predict)
+    front_end = _front_end(args.model, kwargs, args.seed, max(cal.grid.get("batches") or [1]), predict,
+                           cal.grid.get("decode_tokens") or args.decode_tokens)
     # the grid keeps the method it was measured with; the front end is this method's
     cal = replace(cal, front_end=front_end, grid={**cal.grid, "front_end_method": CALIBRATION_METHOD},
                   notes=[*cal.notes, f"front end re-measured with calibration method {CALIBRATION_METHOD} on "
@@ -226,10 +229,10 @@ def run(args) -> int:
     held_out = []
     for j in (0, 1):
         m, _ = fit(work, *halves[1 - j], peak, bw)
-        held_out.append(error_summary(m, *halves[j])["all"])
+        held_out.append(error_summary(m.seconds, *halves[j])["all"])
     front_end = None if args.no_front_end else _front_end(
         args.model, {**engine_kwargs(args), "dtype": info["dtype"], "num_threads": info.get("num_threads")},
-        args.seed, max(args.batches), model.seconds)
+        args.seed, max(args.batches), model.seconds, args.decode_tokens)
     mode = {"dtype": info["dtype"], "kv_cache_dtype": info["kv_cache_dtype"],
             "quantization": _weight_dtype(info) if info.get("quantization") else None,
             "compile": bool(args.compile), "kernel_backend": (info.get("kernel_backend") or {}).get("name"),
@@ -240,7 +243,7 @@ def run(args) -> int:
         model=args.model, machine=machine_info(), mode=mode, peak_flops=peak, mem_bw=bw,
         weight_dtype=_weight_dtype(info), kv_dtype="int8" if info["kv_cache_dtype"] == "int8" else "bf16",
         coefficients=model.coefficients,
-        fit={**result.to_dict(), "by_kind": error_summary(model, shapes, seconds), "cross_validated": held_out},
+        fit={**result.to_dict(), "by_kind": error_summary(model.seconds, shapes, seconds), "cross_validated": held_out},
         grid={"chunks": list(args.chunks), "batches": list(args.batches), "contexts": list(args.contexts),
               "batch_tokens": args.batch_tokens, "decode_tokens": args.decode_tokens, "steps": len(records),
               "method": CALIBRATION_METHOD},

@@ -29,6 +29,7 @@ from ..bench.attribution import read_steps
 from ..bench.compare_runs import CompareTarget, PointRun, StackRun, safe_name
 from ..bench.runner import BenchConfig
 from ..bench.stats import keyed_ratio
+from ..simulate.front_end import FrontEnd
 from ..simulate.rounds import replay_rounds, round_controls
 from ..simulate.run import BASE_URL, SimulatedServer
 from ..simulate.setup import calibrated
@@ -85,7 +86,8 @@ def figures(measured: dict, simulated: dict) -> dict:
 
 def per_step_error(cal: Calibration, model: str, run_dirs: list[Path]) -> dict | None:
     """The step-cost model against every step record the measured rounds hold (so errors cannot
-    cancel between prefill and decode): median and p90 |predicted - measured| / measured."""
+    cancel between prefill and decode), each step priced as the simulation prices a served one
+    (the calibration's served-step scales): median and p90 |predicted - measured| / measured."""
     shapes, seconds = [], []
     for d in run_dirs:
         for rec in read_steps(d) or []:
@@ -94,7 +96,8 @@ def per_step_error(cal: Calibration, model: str, run_dirs: list[Path]) -> dict |
                 seconds.append(rec["end"] - rec["start"])
     if not shapes:
         return None
-    return error_summary(cal.cost_model(resolve_model(model).cfg), shapes, seconds)
+    served = FrontEnd.from_dict(cal.front_end).served(cal.cost_model(resolve_model(model).cfg).seconds)
+    return error_summary(served, shapes, seconds)
 
 
 class LocalSimulator:

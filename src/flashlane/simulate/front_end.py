@@ -26,8 +26,12 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..analyze.step_cost import StepShape
 
 
 MIN_CONTENTION_FACTOR = 0.5      # a fitted contention never makes a served step less than half as long
@@ -68,6 +72,10 @@ class FrontEnd:
                    else (self.served_decode_scale, self.served_decode_contention))
         extra = min(max(num_seqs, 1), self.served_contention_seqs) - 1
         return base * max(MIN_CONTENTION_FACTOR, 1.0 + c * extra)
+
+    def served(self, seconds: Callable[["StepShape"], float]) -> Callable[["StepShape"], float]:
+        """The engine alone's step cost ``seconds`` as a served step's: times its step scale."""
+        return lambda shape: seconds(shape) * self.step_scale(bool(shape.prefill), shape.num_seqs)
 
     def admission_s(self, prompt_tokens: int) -> float:
         return self.request_s + self.per_prompt_token_s * prompt_tokens

@@ -9,6 +9,14 @@ how much slower the served steps run than the fitted model of the engine alone p
 Then, for a concurrency above 1, a few waves of that many streams at once: how much slower
 still the served steps run with more requests in flight (the contention).
 All times are on one clock: the step records' wall clock, mapped onto the client's monotonic one.
+
+The served steps are set against the fit like for like: the server first runs the warm-up the
+grid's engine ran (``calibrate.warm_up``: 64 decode steps, then one batch of the largest size), and
+each measured request generates as many tokens as each of the grid's requests. Decode steps right
+after a prefill run slower than later ones (tiny-standard, static graphs, float32: 1.3x, 1.15x,
+1.08x for the first three, then within 5%), and the fit prices them at the grid's mix of
+positions; measured with 8 tokens after a 16-token warm-up, served decode steps came out 1.15x the
+fit while the same server's steps in `compare` ran 0.96x it (2026-12-07, Emerald Rapids).
 """
 
 from __future__ import annotations
@@ -29,7 +37,9 @@ from .front_end import FrontEnd, RequestTiming, fit, served_contention, served_s
 
 PROMPT_TOKENS = (64, 512, 2048, 6144)
 REPEATS = 3
-OUTPUT_TOKENS = 8
+OUTPUT_TOKENS = 12           # calibrate's default --decode-tokens
+WARM_UP_TOKENS = 64          # calibrate.warm_up's: a fresh engine's first decode steps run slow
+WARM_UP_BATCH_TOKENS = 8
 # the contention waves: prompts of these lengths in turn, long enough answers for batched decodes
 CONCURRENT_PROMPT_TOKENS = (512, 2048)
 CONCURRENT_WAVES = 2
@@ -62,22 +72,30 @@ def _stream(client: httpx.Client, model: str, text: str,
 
 def measure_front_end(model: str, serve_args: list[str], synth: TextSynth, log=print,
                       prompt_tokens: tuple[int, ...] = PROMPT_TOKENS, repeats: int = REPEATS,
-                      predict: Callable[[StepShape], float] | None = None, concurrency: int = 1) -> FrontEnd:
+                      predict: Callable[[StepShape], float] | None = None, concurrency: int = 1,
+                      output_tokens: int = OUTPUT_TOKENS) -> FrontEnd:
     """``predict``: the fitted step-cost model of the engine alone; the served steps' times against
     it give the served-step scales (1.0 without it) and, with ``concurrency`` above 1, the
-    contention of that many requests in flight."""
+    contention of that many requests in flight. ``output_tokens``: per measured request, the
+    tokens each request of the fitted grid generated."""
     if concurrency < 1:
         raise ValueError(f"front end: concurrency must be >= 1, got {concurrency}")
+    if output_tokens < 2:
+        raise ValueError(f"front end: output_tokens must be >= 2 (a decode step per request), got {output_tokens}")
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="flashlane-calibrate-") as tmp, \
             ServerProcess(serve_command(model, port, None, serve_args), base, Path(tmp) / "serve.log") as srv, \
             httpx.Client(base_url=base, timeout=600.0) as client:
         log(f"front end: flashlane serve (pid {srv.pid}), {len(prompt_tokens)} prompt lengths x {repeats}")
-        _stream(client, model, synth.text(16, "warm-up"))
+        _stream(client, model, synth.text(64, "warm-up"), WARM_UP_TOKENS)
+        with ThreadPoolExecutor(concurrency) as pool:
+            list(pool.map(lambda i: _stream(client, model, synth.text(64, "warm-up", i), WARM_UP_BATCH_TOKENS),
+                          range(concurrency)))
         wall_minus_perf = time.time() - time.perf_counter()
         since = time.time()
-        sent = [_stream(client, model, synth.text(n, "front-end", n, r)) for n in prompt_tokens for r in range(repeats)]
+        sent = [_stream(client, model, synth.text(n, "front-end", n, r), output_tokens)
+                for n in prompt_tokens for r in range(repeats)]
         concurrent_since = time.time()
         if concurrency > 1 and predict is not None:
             log(f"front end: {CONCURRENT_WAVES} waves of {concurrency} requests at once")
@@ -118,5 +136,6 @@ def measure_front_end(model: str, serve_args: list[str], synth: TextSynth, log=p
     waves = (f"; {CONCURRENT_WAVES} waves of {concurrency} at once" if most > 1 else "")
     return fit(timings, [g for g in gaps if g >= 0],
                f"measured by flashlane calibrate: {len(timings)} chat requests to flashlane serve "
-               f"({', '.join(map(str, prompt_tokens))} prompt words x {repeats}){waves}, engine step records",
+               f"({', '.join(map(str, prompt_tokens))} prompt words x {repeats}, {output_tokens} tokens each, "
+               f"after a warm-up of {WARM_UP_TOKENS} tokens and {concurrency} at once){waves}, engine step records",
                scales, contention, most)

@@ -19,7 +19,7 @@ from ..analyze.gpu_step_cost import HardwareStepCost, HostAssumptions, ParallelL
 from ..analyze.memory import Layout, device_memory
 from ..analyze.models import resolve_model
 from ..analyze.params import count_params
-from ..analyze.step_cost import StepCostModel, StepShape, StepWork
+from ..analyze.step_cost import StepCostModel, StepWork
 from ..bench.stack_files import Mechanisms
 from ..config import ModelConfig
 from .front_end import FrontEnd
@@ -129,10 +129,7 @@ def calibrated(model: str, calibration: str | Calibration, engine_args: dict,
         front = front.zero()
         cost = StepCostModel(cost.work, cost.peak_flops, cost.mem_bw,
                              {**cost.coefficients, **{t: 0.0 for t in HOST_TERMS}})
-    def served_seconds(shape: StepShape, seconds=cost.seconds, scale=front.step_scale) -> float:
-        return seconds(shape) * scale(bool(shape.prefill), shape.num_seqs)
-
-    setup = SimSetup(model, named.cfg, served_seconds, args,
+    setup = SimSetup(model, named.cfg, front.served(cost.seconds), args,
                      prompt_tokenizer(model, named.cfg.vocab_size), front,
                      assumptions={"step_costs": "calibration", "calibration": {
                          "file": str(where), "machine": cal.machine, "mode": cal.mode,
