@@ -48,6 +48,28 @@ def test_conditions_a_server_does_not_report_are_none():
                    "linear_kernel": None}
 
 
+def test_each_later_stack_is_checked_for_equal_sides_and_named_where_it_ran_otherwise():
+    """compare's conditions line reads the first stack's servers; a later stack (static graphs run
+    their own linears) is named where it ran otherwise, and its two sides are checked for
+    equality on their own."""
+    from flashlane.bench.compare_report import later_stack_conditions
+
+    def conds(linears, threads=1):
+        return server_conditions(models_doc(dtype="float32", num_threads=threads, quantization=None,
+                                            kv_cache_dtype="float32", linear_kernel={"format": linears}))
+    first = ("naive", {"flash": conds("native"), "standard": conds("native")})
+    static = ("flashlane", {"flash": conds("aten"), "standard": conds("aten")})
+    lines, unequal = later_stack_conditions([first, static])
+    assert lines == ["the flashlane stack ran otherwise: flash: linear_kernel aten (first stack: native); "
+                     "standard: linear_kernel aten (first stack: native)"]
+    assert unequal == []
+    lopsided = ("flashlane", {"flash": conds("aten"), "standard": conds("native", threads=2)})
+    lines, unequal = later_stack_conditions([first, first, lopsided])
+    assert unequal == ["flashlane: num_threads 1 vs 2", "flashlane: linear_kernel aten vs native"]
+    assert len(lines) == 1 and "standard: num_threads 2 (first stack: 1)" in lines[0]
+    assert later_stack_conditions([first]) == ([], []) and later_stack_conditions([]) == ([], [])
+
+
 def test_mismatches_name_each_field_both_report_differently():
     a = server_conditions(models_doc(dtype="bfloat16", num_threads=1, quantization=None, kv_cache_dtype="bfloat16"))
     b = server_conditions(models_doc(dtype="float32", num_threads=1, quantization=None, kv_cache_dtype="float32"))

@@ -12,7 +12,7 @@ from pathlib import Path
 from . import plots, report_html, report_md
 from .attribution import COMPONENTS
 from .compare_runs import PointRun, StackRun, load_of, ratio
-from .conditions import mismatches, server_conditions
+from .conditions import FIELDS, mismatches, server_conditions
 from .explain import explain, explain_stacks, partition_sentence, ratio_words
 from .findings import PointFinding, disagreement, paired_finding, waterfall
 from .records import read_requests, read_sessions
@@ -266,14 +266,39 @@ def counterfactual_table(cf: dict | None) -> tuple[list[str], list[list[str]]]:
 
 # ---- serving conditions --------------------------------------------------------------------
 
-def side_conditions(targets, groups: list[StackRun]) -> dict[str, dict]:
-    """What each target's server reported running (first measured point)."""
-    out = {}
-    for t in targets:
-        pr = next((pr for g in groups for pr in g.points.get(t.name, [])), None)
-        doc = ((pr.summary.get("_manifest") or {}).get("server_models") if pr else None)
-        out[t.name] = server_conditions(doc)
+def stack_conditions(targets, groups: list[StackRun]) -> list[tuple[str, dict[str, dict]]]:
+    """Per stack (in the order run), what each target's server reported running at its first
+    measured point."""
+    out = []
+    for g in groups:
+        conds = {}
+        for t in targets:
+            pr = next(iter(g.points.get(t.name, [])), None)
+            conds[t.name] = server_conditions((pr.summary.get("_manifest") or {}).get("server_models") if pr else None)
+        out.append((g.name, conds))
     return out
+
+
+def later_stack_conditions(per_stack: list[tuple[str, dict[str, dict]]]) -> tuple[list[str], list[str]]:
+    """(a line per later stack whose servers ran otherwise than the first stack's, e.g. static
+    graphs running their own linears; the sides that ran unequal inside such a stack)."""
+    lines, unequal = [], []
+    if not per_stack:
+        return lines, unequal
+    first = per_stack[0][1]
+    for stack, conds in per_stack[1:]:
+        differs = []
+        for name, c in conds.items():
+            fields = [f"{k} {c[k]} (first stack: {first[name][k]})" for k in FIELDS
+                      if c.get(k) is not None and first.get(name, {}).get(k) is not None and c[k] != first[name][k]]
+            if fields:
+                differs.append(f"{name}: " + ", ".join(fields))
+        if differs:
+            lines.append(f"the {stack} stack ran otherwise: " + "; ".join(differs))
+        names = list(conds)
+        if len(names) == 2:
+            unequal += [f"{stack}: {m}" for m in mismatches(conds[names[0]], conds[names[1]])]
+    return lines, unequal
 
 
 def _threads(n) -> str:
@@ -348,8 +373,11 @@ def write_compare(targets, groups: list[StackRun], cfg: BenchConfig, out_dir: Pa
     findings = findings_of(targets, groups)
     first_load = min((f.load for f in findings), default=None)
     steps = waterfall([(f.stack, f) for f in findings if f.load == first_load]) if not plain else []
-    conds = side_conditions(targets, groups)
+    per_stack = stack_conditions(targets, groups)
+    conds = per_stack[0][1] if per_stack else {t.name: server_conditions(None) for t in targets}
     cond_lines, unequal = conditions_lines(conds, resolved)
+    later_lines, later_unequal = later_stack_conditions(per_stack)
+    cond_lines, unequal = cond_lines + later_lines, unequal + later_unequal
     mechanisms = {g.name: g.stack.mechanism for g in groups if g.stack}
     measured = [partition_sentence(t, g.name, pr.point.label, pr.partition)
                 for g in groups for t, runs in g.points.items() for pr in runs[:1] if pr.partition]
