@@ -12,7 +12,7 @@ from pathlib import Path
 from . import plots, report_html, report_md
 from .attribution import COMPONENTS
 from .compare_runs import PointRun, StackRun, load_of, ratio
-from .conditions import FIELDS, mismatches, server_conditions
+from .conditions import differing, mismatches, server_conditions
 from .explain import explain, explain_stacks, partition_sentence, ratio_words
 from .findings import PointFinding, disagreement, paired_finding, waterfall
 from .records import read_requests, read_sessions
@@ -287,12 +287,8 @@ def later_stack_conditions(per_stack: list[tuple[str, dict[str, dict]]]) -> tupl
         return lines, unequal
     first = per_stack[0][1]
     for stack, conds in per_stack[1:]:
-        differs = []
-        for name, c in conds.items():
-            fields = [f"{k} {c[k]} (first stack: {first[name][k]})" for k in FIELDS
-                      if c.get(k) is not None and first.get(name, {}).get(k) is not None and c[k] != first[name][k]]
-            if fields:
-                differs.append(f"{name}: " + ", ".join(fields))
+        differs = [f"{name}: " + ", ".join(f"{k} {c[k]} (first stack: {first[name][k]})" for k in fields)
+                   for name, c in conds.items() if (fields := differing(c, first.get(name, {})))]
         if differs:
             lines.append(f"the {stack} stack ran otherwise: " + "; ".join(differs))
         names = list(conds)

@@ -60,7 +60,11 @@ def server_conditions(models_doc: dict | None) -> dict:
     return {k: out[k] for k in FIELDS}
 
 
+def differing(a: dict, b: dict) -> list[str]:
+    """The fields both sides report with different values."""
+    return [k for k in FIELDS if a.get(k) is not None and b.get(k) is not None and a[k] != b[k]]
+
+
 def mismatches(a: dict, b: dict) -> list[str]:
     """One line per field both sides report with different values, e.g. "dtype bfloat16 vs float32"."""
-    return [f"{k} {a[k]} vs {b[k]}" for k in FIELDS
-            if a.get(k) is not None and b.get(k) is not None and a[k] != b[k]]
+    return [f"{k} {a[k]} vs {b[k]}" for k in differing(a, b)]
