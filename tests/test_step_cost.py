@@ -86,7 +86,8 @@ def test_fit_recovers_the_coefficients_that_made_the_steps(name):
     drafts = bool(work.cfg.num_mtp_layers)      # the GLM presets draft with their MTP layer too
     truth = {"t_step": 2e-3, "t_seq": 1e-4, "t_dispatch_seq_layer": 3e-5, "t_dispatch_expert": 2e-5,
              "t_draft_call": 7e-4 if drafts else 0.0, "c_weights": 4.0, "c_experts": 6.0, "c_attention": 9.0,
-             "c_attention_decode": 5.0, "c_recurrence": 12.0, "c_head": 3.0, "c_draft": 2.5 if drafts else 0.0}
+             "c_attention_decode": 5.0, "c_recurrence": 12.0, "c_head": 3.0, "c_draft": 2.5 if drafts else 0.0,
+             "c_prefill_rows": 150.0}
     made = StepCostModel(work, 2e11, 5e10, truth)
     shapes = _shapes(rng, 300, drafts)
     seconds = [made.seconds(s) for s in shapes]
@@ -95,6 +96,22 @@ def test_fit_recovers_the_coefficients_that_made_the_steps(name):
     for s in _shapes(random.Random(8), 50, drafts):     # steps the fit never saw
         assert model.seconds(s) == pytest.approx(made.seconds(s), rel=1e-5)
     assert sum(model.breakdown(shapes[0]).values()) == pytest.approx(model.seconds(shapes[0]))
+
+
+def test_a_step_with_a_prefill_chunk_pays_m0_more_rows_of_the_weights_matmuls_and_a_decode_step_none():
+    work = StepWork(_cfg("smollm2-135m"), weight_dtype="fp32")
+    base = {**{t: 0.0 for t in TERMS}, "c_weights": 2.0}
+    plain, m0 = StepCostModel(work, 2e11, 5e10, base), StepCostModel(work, 2e11, 5e10, {**base, "c_prefill_rows": 60.0})
+    row = work.groups(StepShape(prefill=((1, 0),)))["weights"].flops     # one row's weight FLOPs
+    for shape in (StepShape(prefill=((100, 0),)), StepShape(prefill=((30, 500), (70, 0)), decode=(9, 40))):
+        assert m0.seconds(shape) - plain.seconds(shape) == pytest.approx(60.0 * row / 2e11)    # once per step
+        assert m0.breakdown(shape)["c_prefill_rows"] == pytest.approx(60.0 * row / 2e11)
+    assert m0.seconds(StepShape(decode=(9, 40))) == plain.seconds(StepShape(decode=(9, 40)))
+    assert m0.prefill_m0 == pytest.approx(30.0) and plain.prefill_m0 == 0.0
+    assert StepCostModel(work, 2e11, 5e10, {t: 0.0 for t in TERMS}).prefill_m0 is None
+    # compute-bound steps: a chunk of M rows then costs (M + M0) rows at the large-M rate
+    big = StepShape(prefill=((4096, 0),))
+    assert m0.seconds(big) == pytest.approx(2.0 * (4096 + 30) * row / 2e11, rel=1e-9)
 
 
 def test_fit_gives_an_unused_term_zero_and_never_a_negative_coefficient():
@@ -197,6 +214,10 @@ def test_calibrate_with_the_mtp_drafter_fits_its_verify_steps_and_passes(tmp_pat
     (tmp_path / "bad.json").write_text(json.dumps({**no_draft, "mode": raw["mode"]}))
     with pytest.raises(ValueError, match="t_draft_call"):      # measured with drafts, yet no draft terms
         load_calibration(tmp_path / "bad.json")
+    # a file fitted before the prefill-rows term existed reads as that fit: the term at zero
+    older = {**raw, "coefficients": {k: v for k, v in raw["coefficients"].items() if k != "c_prefill_rows"}}
+    (tmp_path / "older.json").write_text(json.dumps(older))
+    assert load_calibration(tmp_path / "older.json")[0].coefficients["c_prefill_rows"] == 0.0
 
 
 
@@ -214,6 +235,7 @@ def test_calibrate_fits_the_engine_and_writes_a_calibration_that_checks_machine_
     assert rc == 0
     printed = capsys.readouterr().out
     assert "calibrated tiny-flash" in printed and "held out (2-fold)" in printed and "median |err|" in printed
+    assert "  prefill chunks: the " in printed
     raw = json.loads(out.read_text())
     assert raw["schema"] == 1 and raw["mode"]["dtype"] == "float32" and raw["mode"]["compile"] is False
     assert raw["grid"]["steps"] >= len(TERMS) and raw["machine"]["cpu_model"]

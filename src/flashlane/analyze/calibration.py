@@ -7,7 +7,8 @@ engine's, models' and kernels' sources), or another engine mode (dtype, kv-cache
 quantisation, static graphs, kernel backend, threads, speculative decoding's method and draft
 count), is refused naming the field, unless the caller asks only for warnings. A file written by
 a newer schema is always refused. A calibration measured without speculative decoding has no
-drafting terms; they read as zero (its steps had no drafts to price).
+drafting terms; they read as zero (its steps had no drafts to price), as do terms added to the
+model after the file was written (``step_cost.LATER_TERMS``: its fit had none).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..config import ModelConfig
-from .step_cost import DRAFT_TERMS, TERMS, StepCostModel, StepWork
+from .step_cost import DRAFT_TERMS, LATER_TERMS, TERMS, StepCostModel, StepWork
 
 SCHEMA = 1
 # a different value: another machine, or other engine code (the step costs were not its)
@@ -79,6 +80,7 @@ def load_calibration(path: str | Path, machine: dict | None = None, mode: dict |
         raise ValueError(f"calibration {path}: missing field ({exc})") from None
     if not cal.mode.get("speculative"):
         cal.coefficients.update({t: 0.0 for t in DRAFT_TERMS if t not in cal.coefficients})
+    cal.coefficients.update({t: 0.0 for t in LATER_TERMS if t not in cal.coefficients})
     missing = [t for t in TERMS if t not in cal.coefficients]
     if missing:
         raise ValueError(f"calibration {path}: coefficients lack {', '.join(missing)}")

@@ -1,7 +1,7 @@
 """The time of one engine step from its composition, fitted to a machine and an engine mode.
 
     t_step = t_host(step) + sum over op groups g of c_g * max(flops_g / peak, bytes_g / bw)
-             + n_ops(step) * t_dispatch
+             + n_ops(step) * t_dispatch + [a prefill chunk] * c_prefill_rows * weight_flops_per_row / peak
 
 ``c_g`` is 1 / efficiency of group g. The FLOPs and bytes of every group come from the model
 config, through the same functions ``analyze`` uses (``flops``, ``cache``, ``memory``), so the
@@ -17,7 +17,12 @@ the step touches under uniform routing), ``attention`` (indexer scoring, sparse 
 selected rows, dense attention; bytes of the cache rows read and written), ``recurrence`` (the
 KDA recurrence and short conv; bytes of the state read and written), ``head`` (the LM head for the
 rows that get logits); the fitted model prices the attention of prefill chunks and of decode rows
-with a coefficient each. Structural op counts (dispatches a step issues beyond a fixed number per
+with a coefficient each. A step with a prefill chunk also pays ``c_prefill_rows`` rows of the
+weights' matmuls: a matmul of M rows runs at about M / (M + M0) of its large-M rate (MKL's float32
+on one core at SmolLM2's shapes: 84 GFLOP/s at 16 rows, 155 at 64, 197 at 256, 210 at 1024), so a
+turn's 100-row chunk costs more per row than the grid's 2048-row ones; the term makes the cost of
+the step's rows M + M0 (M0 = ``c_prefill_rows / c_weights``). Decode-only steps read the weights
+at memory speed and do not pay it. Structural op counts (dispatches a step issues beyond a fixed number per
 step): one per layer per prefill sequence (per-sequence work in the mixers) and a few per distinct
 routed expert per MoE layer.
 
@@ -51,9 +56,12 @@ GROUPS = ("weights", "experts", "attention", "recurrence", "head", "draft")
 FITTED_GROUPS = ("weights", "experts", "attention", "attention_decode", "recurrence", "head", "draft")
 # coefficient names, in the order of ``features``
 TERMS = ("t_step", "t_seq", "t_dispatch_seq_layer", "t_dispatch_expert", "t_draft_call") + tuple(
-    f"c_{g}" for g in FITTED_GROUPS)
+    f"c_{g}" for g in FITTED_GROUPS) + ("c_prefill_rows",)
 # terms a calibration without speculative decoding never measured (its steps have no drafts): 0
 DRAFT_TERMS = ("t_draft_call", "c_draft")
+# terms added after calibrations were first written: a file without one was fitted without it, so
+# it reads as 0 (that fit's own model)
+LATER_TERMS = ("c_prefill_rows",)
 OPS_PER_EXPERT = 4          # gate/up matmul, activation, down matmul, weighted scatter
 
 
@@ -241,7 +249,8 @@ class StepWork:
         groups = self.fitted_groups(shape)
         per_seq_layer, per_expert = self.op_counts(shape)
         roof = [max(g.flops / peak_flops, g.bytes / mem_bw) for g in (groups[n] for n in FITTED_GROUPS)]
-        return [1.0, float(shape.num_seqs), per_seq_layer, per_expert, float(shape.draft_calls), *roof]
+        prefill_rows = self._weight_flops / peak_flops if shape.prefill else 0.0
+        return [1.0, float(shape.num_seqs), per_seq_layer, per_expert, float(shape.draft_calls), *roof, prefill_rows]
 
 
 @dataclass(frozen=True)
@@ -279,6 +288,13 @@ class StepCostModel:
         """Each term's seconds for ``shape`` (they sum to ``seconds``)."""
         x = self.work.features(shape, self.peak_flops, self.mem_bw)
         return {t: self.coefficients[t] * v for t, v in zip(TERMS, x)}
+
+    @property
+    def prefill_m0(self) -> float | None:
+        """M0 of the weights' matmuls (a chunk of M rows runs at M / (M + M0) of the large-M
+        rate), or None where the fit gave the weights no cost."""
+        c = self.coefficients
+        return c["c_prefill_rows"] / c["c_weights"] if c["c_weights"] > 0 else None
 
 
 def _rel_errors(pred: Sequence[float], meas: Sequence[float]) -> list[float]:

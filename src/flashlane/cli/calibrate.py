@@ -31,7 +31,8 @@ FOLLOW_UP_TOKENS = (16, 256)
 # that fit priced served decode steps 16-36% low (measured), so every prompt is its own.
 # 4: a warm-up of 64 decode steps and one full batch before the grid (``warm_up``).
 # 5: the front end's server gets the same warm-up and its requests the grid's --decode-tokens.
-CALIBRATION_METHOD = 5
+# 6: the fit prices a prefill-carrying step's matmul rows as M + M0 (``step_cost``'s c_prefill_rows).
+CALIBRATION_METHOD = 6
 
 
 def _ints(value: str) -> tuple[int, ...]:
@@ -257,6 +258,8 @@ def run(args) -> int:
 
 
 def _print(cal, out: str) -> None:
+    from ..analyze.models import resolve_model
+
     m, f = cal.machine, cal.fit
     print(f"calibrated {cal.model} on {m['cpu_model']} ({m['cpu_capability']}), {cal.mode['dtype']}, "
           f"{'static-graph decode' if cal.mode['compile'] else 'eager'}, {cal.mode['num_threads']} threads: "
@@ -270,6 +273,10 @@ def _print(cal, out: str) -> None:
           f"{100 * cv[1]['median_rel_error']:.1f}%, p90 {100 * cv[0]['p90_rel_error']:.1f}% / "
           f"{100 * cv[1]['p90_rel_error']:.1f}%")
     print("  coefficients: " + ", ".join(f"{k} {v:.3g}" for k, v in cal.coefficients.items()))
+    m0 = cal.cost_model(resolve_model(cal.model).cfg).prefill_m0
+    print("  prefill chunks: " + ("the fit gave the weights' matmuls no cost (c_weights 0)" if m0 is None else
+                                  f"the weights' matmuls of a step with M prefill rows cost M + {m0:.0f} rows "
+                                  f"(M / (M + M0) of the large-M rate)"))
     fe = cal.front_end
     print("  front end: " + ("not measured (--no-front-end): a simulation assumes none" if fe is None else
                              f"admission {1e3 * fe['request_s']:.2f} ms + {1e6 * fe['per_prompt_token_s']:.2f} us/prompt "
