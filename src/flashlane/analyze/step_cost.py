@@ -19,12 +19,12 @@ KDA recurrence and short conv; bytes of the state read and written), ``head`` (t
 rows that get logits); the fitted model prices the attention of prefill chunks and of decode rows
 with a coefficient each. A step with a prefill chunk also pays ``c_prefill_rows`` rows of the
 weights' matmuls: a matmul of M rows runs at about M / (M + M0) of its large-M rate (MKL's float32
-on one core at SmolLM2's shapes: 84 GFLOP/s at 16 rows, 155 at 64, 197 at 256, 210 at 1024), so a
-turn's 100-row chunk costs more per row than the grid's 2048-row ones; the term makes the cost of
-the step's rows M + M0 (M0 = ``c_prefill_rows / c_weights``). Decode-only steps read the weights
-at memory speed and do not pay it. Structural op counts (dispatches a step issues beyond a fixed number per
-step): one per layer per prefill sequence (per-sequence work in the mixers) and a few per distinct
-routed expert per MoE layer.
+on one Emerald Rapids core at SmolLM2's shapes: 84 GFLOP/s at 16 rows, 155 at 64, 197 at 256, 210
+at 1024), so a turn's 100-row chunk costs more per row than the grid's 2048-row ones; the term
+makes the cost of the step's rows M + M0 (M0 = ``c_prefill_rows / c_weights``). Decode-only steps
+read the weights at memory speed and do not pay it. Structural op counts (dispatches a step issues
+beyond a fixed number per step): one per layer per prefill sequence (per-sequence work in the
+mixers) and a few per distinct routed expert per MoE layer.
 
 Speculative decoding: a decode sequence with ``d`` drafts computes ``1 + d`` tokens, all of whose
 rows get logits. An eager engine runs them as a small chunk after the sequence's cache; static
