@@ -13,7 +13,7 @@ from flashlane.analyze.hardware import HARDWARE
 from flashlane.analyze.memory import Layout
 from flashlane.analyze.models import resolve_model
 from flashlane.analyze.roofline import Roofline, Setup
-from flashlane.analyze.step_cost import GROUPS, TERMS, StepCostModel, StepShape, StepWork, fit
+from flashlane.analyze.step_cost import GROUPS, TERMS, StepCostModel, StepShape, StepWork, fit, prefill_m0
 
 CONFIGS = ("tiny-flash", "tiny-standard", "smollm2-135m", "glm-5.3-flash", "glm-5.3")
 
@@ -107,8 +107,8 @@ def test_a_step_with_a_prefill_chunk_pays_m0_more_rows_of_the_weights_matmuls_an
         assert m0.seconds(shape) - plain.seconds(shape) == pytest.approx(60.0 * row / 2e11)    # once per step
         assert m0.breakdown(shape)["c_prefill_rows"] == pytest.approx(60.0 * row / 2e11)
     assert m0.seconds(StepShape(decode=(9, 40))) == plain.seconds(StepShape(decode=(9, 40)))
-    assert m0.prefill_m0 == pytest.approx(30.0) and plain.prefill_m0 == 0.0
-    assert StepCostModel(work, 2e11, 5e10, {t: 0.0 for t in TERMS}).prefill_m0 is None
+    assert prefill_m0(m0.coefficients) == pytest.approx(30.0) and prefill_m0(plain.coefficients) == 0.0
+    assert prefill_m0({t: 0.0 for t in TERMS}) is None
     # compute-bound steps: a chunk of M rows then costs (M + M0) rows at the large-M rate
     big = StepShape(prefill=((4096, 0),))
     assert m0.seconds(big) == pytest.approx(2.0 * (4096 + 30) * row / 2e11, rel=1e-9)

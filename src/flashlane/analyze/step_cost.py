@@ -289,12 +289,12 @@ class StepCostModel:
         x = self.work.features(shape, self.peak_flops, self.mem_bw)
         return {t: self.coefficients[t] * v for t, v in zip(TERMS, x)}
 
-    @property
-    def prefill_m0(self) -> float | None:
-        """M0 of the weights' matmuls (a chunk of M rows runs at M / (M + M0) of the large-M
-        rate), or None where the fit gave the weights no cost."""
-        c = self.coefficients
-        return c["c_prefill_rows"] / c["c_weights"] if c["c_weights"] > 0 else None
+
+def prefill_m0(coefficients: Mapping[str, float]) -> float | None:
+    """M0 of fitted coefficients: a prefill chunk of M rows runs the weights' matmuls at
+    M / (M + M0) of the large-M rate. None where the fit gave the weights no cost."""
+    c = coefficients
+    return c["c_prefill_rows"] / c["c_weights"] if c["c_weights"] > 0 else None
 
 
 def _rel_errors(pred: Sequence[float], meas: Sequence[float]) -> list[float]:

@@ -258,7 +258,7 @@ def run(args) -> int:
 
 
 def _print(cal, out: str) -> None:
-    from ..analyze.models import resolve_model
+    from ..analyze.step_cost import prefill_m0
 
     m, f = cal.machine, cal.fit
     print(f"calibrated {cal.model} on {m['cpu_model']} ({m['cpu_capability']}), {cal.mode['dtype']}, "
@@ -273,7 +273,7 @@ def _print(cal, out: str) -> None:
           f"{100 * cv[1]['median_rel_error']:.1f}%, p90 {100 * cv[0]['p90_rel_error']:.1f}% / "
           f"{100 * cv[1]['p90_rel_error']:.1f}%")
     print("  coefficients: " + ", ".join(f"{k} {v:.3g}" for k, v in cal.coefficients.items()))
-    m0 = cal.cost_model(resolve_model(cal.model).cfg).prefill_m0
+    m0 = prefill_m0(cal.coefficients)
     print("  prefill chunks: " + ("the fit gave the weights' matmuls no cost (c_weights 0)" if m0 is None else
                                   f"the weights' matmuls of a step with M prefill rows cost M + {m0:.0f} rows "
                                   f"(M / (M + M0) of the large-M rate)"))
