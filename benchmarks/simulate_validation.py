@@ -10,7 +10,10 @@ Parts (each writes its results into the JSON as soon as it is done):
             then the same bench config simulated
 
 Step costs come from `flashlane calibrate` of this machine in the servers' mode (compare's calibration
-grid, cached under $FLASHLANE_CACHE/calibrations), never from the measured runs. Checked per side:
+grid, cached under $FLASHLANE_CACHE/calibrations), never from the measured runs. The machine's speed
+is probed before every measured round (`simulate.speed_probe`: a matmul, a weight read and small ops in
+the servers' dtype and threads, against the same probe taken while the calibration ran); each side is
+simulated at that speed, and as calibrated beside it (`figures_as_calibrated`). Checked per side:
 per-task latency mean within 10% (aim 5%), TTFT mean and ITL mean within 15%, prefix-cache hit within
 0.02, and per stack the simulated hybrid/standard ratio inside the measured 95% CI; reported too: the
 per-step error (median and p90 |sim - measured| / measured over the engine's step records).
@@ -53,6 +56,14 @@ def check_side(fig: dict) -> dict:
     return out
 
 
+def as_calibrated(sim: dict) -> dict:
+    """The machine's speed during the side's rounds against its calibration's, and the figures
+    simulated without that scaling (the simulator before speed probes)."""
+    fig = sim.get("figures_as_calibrated")
+    return {"drift": sim.get("drift"), "drift_missing": sim.get("drift_missing"), "figures_as_calibrated": fig,
+            "checks_as_calibrated": check_side(fig) if fig else None}
+
+
 def compare_part(concurrency: int, sessions: int | None, quick: bool, work: Path, log) -> dict:
     out = work / f"compare_c{concurrency}"
     cmd = [sys.executable, "-m", "flashlane.cli.main", "compare", "--concurrency", str(concurrency), "--no-profile",
@@ -77,7 +88,8 @@ def compare_part(concurrency: int, sessions: int | None, quick: bool, work: Path
             step = (sim.get("per_step") or {}).get("all") or {}
             sides.append({"stack": stack, "model": model, "load": p["label"], "figures": sim["figures"],
                           "per_step": {k: step.get(k) for k in ("steps", "median_rel_error", "p90_rel_error")},
-                          "per_step_by_kind": sim.get("per_step"), "checks": check_side(sim["figures"])})
+                          "per_step_by_kind": sim.get("per_step"), "checks": check_side(sim["figures"]),
+                          **as_calibrated(sim)})
     return {"command": cmd[3:], "wall_s": time.monotonic() - t0, "answer": doc["answer"], "sides": sides,
             "ratios": doc["simulated_ratios"], "counterfactual": doc.get("counterfactual"),
             "calibrations": doc.get("calibrations"), "conditions": doc.get("conditions_resolved")}
@@ -121,7 +133,7 @@ def smollm2_part(quick: bool, work: Path, log, resimulate: Path | None = None,
         cal, cal_path = sim.calibration(SMOLLM2, args)
     if cal is None:
         return {"error": "no calibration of smollm2-135m could be made"}
-    measured = {}
+    measured, probes = {}, {}
     if resimulate is not None:
         for c, n in _smollm2_loads(quick):
             run_dir = resimulate / "smollm2" / f"measured_c{c}"
@@ -135,23 +147,33 @@ def smollm2_part(quick: bool, work: Path, log, resimulate: Path | None = None,
                 cfg = _smollm2_config(c, n, quick, f"http://127.0.0.1:{port}", work / "smollm2" / f"measured_c{c}",
                                       srv.pid)
                 log(f"smollm2 measured c{c}, {n} tasks")
+                sim.before_round(SMOLLM2, f"c{c}", 0)
+                probes[c] = sim.probes[(SMOLLM2, f"c{c}", 0)]
                 (_, summary, run_dir), = run_bench(cfg, resolve_tokenizer=presets.tokenizer_file)
                 measured[c] = (cfg, summary, run_dir)
     sides = []
-    setup = calibrated(SMOLLM2, cal, args, sim.machine)[0]
-    server = SimulatedServer(setup)
+    servers = {drifted: SimulatedServer(calibrated(SMOLLM2, cal, args, sim.machine)[0]) for drifted in (True, False)}
     for c, _ in _smollm2_loads(quick):
         cfg, summary, run_dir = measured[c]
-        scfg = replace(cfg, base_url=BASE_URL, output_dir=str(work / "smollm2" / f"simulated_c{c}"), server_pid=None)
-        synth = TextSynth(seed=cfg.seed)     # as the measured run: no tokenizer file for the GGUF preset
-        sim_summary = run_point(scfg, build_source(scfg), synth, cfg.load_points()[0], Path(scfg.output_dir),
-                                server.harness())
-        fig = figures(summary, sim_summary)
-        steps = per_step_error(cal, SMOLLM2, [run_dir])
+        speed, why = sim.drift(cal, [probes[c]] if c in probes else [])
+
+        def simulate(drifted: bool) -> dict:
+            server = servers[drifted]
+            server.retime(calibrated(SMOLLM2, cal, args, sim.machine, drift=speed if drifted else None)[0])
+            where = work / "smollm2" / (f"simulated_c{c}" if drifted else f"simulated_c{c}_as_calibrated")
+            scfg = replace(cfg, base_url=BASE_URL, output_dir=str(where), server_pid=None)
+            synth = TextSynth(seed=cfg.seed)     # as the measured run: no tokenizer file for the GGUF preset
+            return figures(summary, run_point(scfg, build_source(scfg), synth, cfg.load_points()[0], where,
+                                              server.harness()))
+
+        fig = simulate(True)
+        steps = per_step_error(cal, SMOLLM2, [run_dir], speed)
         sides.append({"stack": "flashlane", "model": SMOLLM2, "load": f"c{c}", "figures": fig,
                       "per_step": {k: (steps or {}).get("all", {}).get(k) for k in ("steps", "median_rel_error",
                                                                                    "p90_rel_error")},
-                      "per_step_by_kind": steps, "checks": check_side(fig)})
+                      "per_step_by_kind": steps, "checks": check_side(fig),
+                      **as_calibrated({"drift": speed.to_dict() if speed else None, "drift_missing": why,
+                                       "figures_as_calibrated": simulate(False) if speed else None})})
     return {"wall_s": time.monotonic() - t0, "flags": flags, "conditions": conditions, "calibration": cal_path,
             "resimulated": str(resimulate) if resimulate else None,
             "calibration_fit": cal.fit.get("by_kind"), "front_end": cal.front_end, "sides": sides}
@@ -165,11 +187,17 @@ def summarize(parts: dict) -> dict:
         vals = [s["checks"][name] for s in sides if s["checks"].get(name) is not None]
         return {"passed": sum(vals), "of": len(vals)}
 
-    errs = sorted(abs(s["figures"]["task_s"]["error"]) for s in sides if s["figures"]["task_s"]["error"] is not None)
+    def abs_errors(key):
+        return sorted(abs(e) for s in sides if (e := ((s.get(key) or {}).get("task_s") or {}).get("error")) is not None)
+
+    errs, as_cal = abs_errors("figures"), abs_errors("figures_as_calibrated")
     return {"sides": len(sides), **{f"within_goal_{k}": all_true(k) for k in GOALS},
             "ratio_inside_ci": {"passed": sum(1 for r in ratios if r["inside_ci"]), "of": len(ratios)},
             "task_error_abs_max": errs[-1] if errs else None,
-            "task_error_abs_median": errs[len(errs) // 2] if errs else None}
+            "task_error_abs_median": errs[len(errs) // 2] if errs else None,
+            "as_calibrated": {"sides": len(as_cal), "task_error_abs_max": as_cal[-1] if as_cal else None,
+                              "task_error_abs_median": as_cal[len(as_cal) // 2] if as_cal else None,
+                              "ratios": [r.get("simulated_as_calibrated") for r in ratios]}}
 
 
 def main() -> int:

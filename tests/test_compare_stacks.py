@@ -181,6 +181,12 @@ def test_compare_stacks_end_to_end_against_real_servers(tmp_path):
                                                                           / fig["measured"])
             assert sim["per_step"]["all"]["steps"] > 0 and sim["per_step"]["all"]["p90_rel_error"] >= 0
             assert (out / "simulated" / stack / model / "c1" / "round1" / "summary.json").is_file()
+            # at the machine's speed during the side's two rounds against its calibration's (one
+            # probe per chunk size of the quick grid), and as calibrated beside it
+            assert sim["drift"]["probes_now"] == 2 and sim["drift"]["probes_then"] == 1 and len(sim["probes"]) == 2
+            assert all(sim["drift"][k] > 0 for k in ("compute", "memory", "host"))
+            assert sim["figures_as_calibrated"]["task_s"]["measured"] == fig["measured"]
+            assert (out / "simulated" / stack / model / "c1" / "as_calibrated" / "round1" / "summary.json").is_file()
             # two interleaved rounds of one task each, in ABBA order, with the engine's own time
             assert [r["round"] for r in point["rounds"]] == [0, 1]
             assert all(r["tasks"] == 1 and r["engine"]["busy_s"] > 0 for r in point["rounds"])
@@ -191,6 +197,7 @@ def test_compare_stacks_end_to_end_against_real_servers(tmp_path):
             assert part["forward_s"] > 0 and abs(part["sum_s"] - part["task_s"]) <= 0.05 * part["task_s"]
     assert not any("serving overhead" in x for x in res["explanation"])
     assert [r["stack"] for r in res["simulated_ratios"]] == names and all(r["simulated"] > 0 for r in res["simulated_ratios"])
+    assert all(r["simulated_as_calibrated"] > 0 for r in res["simulated_ratios"])
     cf = res["counterfactual"]
     assert cf["steps"][0]["change"].startswith("as measured: ") and cf["steps"][-1]["change"].startswith("+ no host time")
     assert "+ static-graph decode" in [s["change"] for s in cf["steps"]] and cf["not_simulated"] == []

@@ -5,7 +5,9 @@ A calibration only describes the machine, code and mode it was measured in, so r
 them: another CPU model or vector capability, other engine code (``machine.engine_code``: the
 engine's, models' and kernels' sources), or another engine mode (dtype, kv-cache dtype,
 quantisation, static graphs, kernel backend, threads, speculative decoding's method and draft
-count), is refused naming the field, unless the caller asks only for warnings. A file written by
+count), is refused naming the field, unless the caller asks only for warnings. Within one machine
+and mode its speed still drifts; ``speed_probes`` (taken after each chunk size's grid) let a
+simulation beside a later measurement scale the costs to that run's speed. A file written by
 a newer schema is always refused. A calibration measured without speculative decoding has no
 drafting terms; they read as zero (its steps had no drafts to price), as do terms added to the
 model after the file was written (``step_cost.LATER_TERMS``: its fit had none).
@@ -43,6 +45,7 @@ class Calibration:
     schema: int = SCHEMA
     notes: list = field(default_factory=list)
     front_end: dict | None = None   # the server's host time outside steps (simulate.front_end), when measured
+    speed_probes: list | None = None  # the machine's speed while the grid ran (simulate.speed_probe), when taken
 
     def cost_model(self, cfg: ModelConfig) -> StepCostModel:
         work = StepWork(cfg, self.weight_dtype, self.kv_dtype, graphs=bool(self.mode.get("compile")))

@@ -62,6 +62,8 @@ DRAFT_TERMS = ("t_draft_call", "c_draft")
 # terms added after calibrations were first written: a file without one was fitted without it, so
 # it reads as 0 (that fit's own model)
 LATER_TERMS = ("c_prefill_rows",)
+# the host side of a step: fixed per step, per sequence, per dispatch and per draft call
+HOST_TERMS = ("t_step", "t_seq", "t_dispatch_seq_layer", "t_dispatch_expert", "t_draft_call")
 OPS_PER_EXPERT = 4          # gate/up matmul, activation, down matmul, weighted scatter
 
 

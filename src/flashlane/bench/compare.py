@@ -46,6 +46,10 @@ from .text_synth import TextSynth, TokenizerResolver, load_tokenizer
 class Simulator(Protocol):
     calibrations: dict     # what the simulated step costs were fitted on, for the report
 
+    def before_round(self, side: str, load: str, index: int) -> None:
+        """Called before each measured round (side, load point label, round index), while both
+        servers are idle: where the simulator measures the machine's speed at that time."""
+
     def beside(self, group: StackRun, target: CompareTarget, run: PointRun, cfg: BenchConfig, source, synth,
                folder: Path) -> dict | None:
         """The simulated figures of one measured side (the same rounds replayed in simulated time),
@@ -165,8 +169,10 @@ def prompt_synth(cfg: BenchConfig, targets: list[CompareTarget],
 
 
 def measure_interleaved(cfgs: dict[str, BenchConfig], targets: list[CompareTarget], source, synth,
-                        point: LoadPoint, folder: Path, log, prefix: str = "") -> dict[str, PointRun]:
-    """One load point on both targets in interleaved rounds; the pooled run of each."""
+                        point: LoadPoint, folder: Path, log, prefix: str = "",
+                        before_round: Callable[[str, str, int], None] | None = None) -> dict[str, PointRun]:
+    """One load point on both targets in interleaved rounds; the pooled run of each.
+    ``before_round(side, load, round)``: called before each round (the simulator's speed probe)."""
     names = [t.name for t in targets]
     servers = {t.name: t.server.pid if t.server else cfgs[t.name].server_pid for t in targets}
     sizes = round_sizes(cfgs[names[0]], point)
@@ -174,6 +180,8 @@ def measure_interleaved(cfgs: dict[str, BenchConfig], targets: list[CompareTarge
     starts = {0: cfgs[names[0]].first_session}
     for position, (r, name) in enumerate(schedule(names, len(sizes))):
         log(f"{prefix}{name} {point.label} round {r + 1}/{len(sizes)}")
+        if before_round is not None:
+            before_round(name, point.label, r)
         rr, nxt = run_round(cfgs[name], source, synth, point, folder / name / point.label / f"round{r}", r,
                             position, name, starts[r], sizes[r], servers)
         rounds[name].append(rr)
@@ -241,7 +249,8 @@ def run_compare(a: str, b: str, base_cfg: BenchConfig, out_dir: Path, template: 
                 g.cfgs = cfgs
                 for point in base_cfg.load_points():
                     runs = measure_interleaved(cfgs, targets, source, synth, point, folder, log,
-                                               f"{g.name} " if g.stack else "")
+                                               f"{g.name} " if g.stack else "",
+                                               simulator.before_round if simulator is not None else None)
                     for t in targets:
                         g.points[t.name].append(runs[t.name])
     finally:

@@ -205,7 +205,8 @@ def _pct(x) -> str:
 def simulation_table(groups: list[StackRun]) -> tuple[list[str], list[list[str]]]:
     """Per measured side: the measured figures beside the same rounds simulated, with the errors."""
     head = ["stack", "model", "load", "task mean: measured / simulated (s)", "error", "TTFT mean (ms)", "error",
-            "ITL mean (ms)", "error", "prefix-cache hit", "per-step |error| median / p90"]
+            "ITL mean (ms)", "error", "prefix-cache hit", "per-step |error| median / p90",
+            "machine time vs calibration: matmul / weight read / host", "task error as calibrated"]
     rows = []
     for g in groups:
         for t, runs in g.points.items():
@@ -224,8 +225,13 @@ def simulation_table(groups: list[StackRun]) -> tuple[list[str], list[list[str]]
                              _pct(f["itl_s"]["error"]),
                              f"{fmt(hit['measured'])} / {fmt(hit['simulated'])}",
                              f"{100 * step['median_rel_error']:.1f}% / {100 * step['p90_rel_error']:.1f}%"
-                             if step else "–"])
+                             if step else "–", _drift_cell(sim.get("drift")),
+                             _pct(((sim.get("figures_as_calibrated") or {}).get("task_s") or {}).get("error"))])
     return head, rows
+
+
+def _drift_cell(d: dict | None) -> str:
+    return "not measured" if not d else f"{d['compute']:.2f} / {d['memory']:.2f} / {d['host']:.2f}×"
 
 
 def simulated_ratios(findings: list[PointFinding], groups: list[StackRun], hyb: str, std: str) -> list[dict]:
@@ -241,16 +247,21 @@ def simulated_ratios(findings: list[PointFinding], groups: list[StackRun], hyb: 
         if not all(sims):
             continue
         ratio = keyed_ratio(sims[0]["task_s_by_tree"], sims[1]["task_s_by_tree"])
+        key = "task_s_by_tree_as_calibrated"
+        as_cal = keyed_ratio(sims[0][key], sims[1][key]) if all(key in s for s in sims) else None
         lo, hi = (f.ci or {}).get("low"), (f.ci or {}).get("high")
         out.append({"stack": f.stack, "load": f.load, "measured": f.ratio, "ci": [lo, hi], "simulated": ratio,
-                    "inside_ci": None if ratio is None or lo is None else lo <= ratio <= hi})
+                    "inside_ci": None if ratio is None or lo is None else lo <= ratio <= hi,
+                    "simulated_as_calibrated": as_cal})
     return out
 
 
 def ratio_table(ratios: list[dict]) -> tuple[list[str], list[list[str]]]:
-    head = ["stack", "load", "hybrid / standard per task: measured (95% CI)", "simulated", "inside the CI"]
+    head = ["stack", "load", "hybrid / standard per task: measured (95% CI)", "simulated", "inside the CI",
+            "simulated as calibrated"]
     return head, [[r["stack"], f"{r['load']:g}", f"{fmt(r['measured'])}× ({fmt(r['ci'][0])}–{fmt(r['ci'][1])}×)",
-                   f"{fmt(r['simulated'])}×", {True: "yes", False: "no", None: "–"}[r["inside_ci"]]]
+                   f"{fmt(r['simulated'])}×", {True: "yes", False: "no", None: "–"}[r["inside_ci"]],
+                   "–" if r.get("simulated_as_calibrated") is None else f"{fmt(r['simulated_as_calibrated'])}×"]
                   for r in ratios]
 
 
@@ -460,7 +471,11 @@ def simulation_note(calibrations: dict | None) -> str:
     return ("Step costs from `flashlane calibrate` of this machine in the servers' mode (a grid of its own, not "
             "these runs): " + "; ".join(parts) + ". Errors are simulated minus measured, over measured; "
             "the per-step error prices every measured step record as the simulation prices a served step "
-            "(the step-cost model times the calibration's served-step scales).")
+            "(the step-cost model times the calibration's served-step scales). Each side is simulated at the "
+            "machine's speed during its rounds: a probe before every round (a prefill-sized matmul, a weight "
+            "read beyond the L3, a few thousand small ops, in the servers' dtype and threads) against the same "
+            "probe taken while the calibration ran scales the step costs' FLOP rate, bandwidth and host terms; "
+            "the last column is the error without that scaling.")
 
 
 def idle_note(idle: dict | None) -> str:

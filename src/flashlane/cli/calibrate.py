@@ -32,7 +32,8 @@ FOLLOW_UP_TOKENS = (16, 256)
 # 4: a warm-up of 64 decode steps and one full batch before the grid (``warm_up``).
 # 5: the front end's server gets the same warm-up and its requests the grid's --decode-tokens.
 # 6: the fit prices a prefill-carrying step's matmul rows as M + M0 (``step_cost``'s c_prefill_rows).
-CALIBRATION_METHOD = 6
+# 7: a speed probe (``simulate.speed_probe``) after each chunk size's grid.
+CALIBRATION_METHOD = 7
 
 
 def _ints(value: str) -> tuple[int, ...]:
@@ -212,13 +213,15 @@ def run(args) -> int:
     from ..analyze.step_cost import StepShape, StepWork, error_summary, fit
     from ..machine import machine_info
     from ..simulate.setup import speculative_mode
+    from ..simulate.speed_probe import measure_speed
 
     t0 = time.monotonic()
     hw = calibrate_local()
-    records, info, cfg = [], None, None
+    records, info, cfg, probes = [], None, None, []
     for i, chunk in enumerate(args.chunks):
         recs, info, cfg = _grid_steps(args, chunk, seed=args.seed + i)
         records += recs
+        probes.append(measure_speed(info["dtype"], info.get("num_threads") or 1).to_dict())
     shapes = [StepShape.from_record(r) for r in records]
     seconds = [r["end"] - r["start"] for r in records]
     work = StepWork(cfg, _weight_dtype(info), "int8" if info["kv_cache_dtype"] == "int8" else "bf16",
@@ -248,7 +251,7 @@ def run(args) -> int:
         grid={"chunks": list(args.chunks), "batches": list(args.batches), "contexts": list(args.contexts),
               "batch_tokens": args.batch_tokens, "decode_tokens": args.decode_tokens, "steps": len(records),
               "method": CALIBRATION_METHOD},
-        seconds=time.monotonic() - t0, front_end=front_end,
+        seconds=time.monotonic() - t0, front_end=front_end, speed_probes=probes,
         notes=[f"peak and bandwidth: {hw.note}", "t_step is the engine step's wall time (scheduling, model run, "
                "output processing) from its step records"])
     out = args.out or f"calibration-{str(args.model).replace('/', '_')}.json"
@@ -287,4 +290,9 @@ def _print(cal, out: str) -> None:
                              f"{fe.get('served_prefill_contention', 0.0):+.3f}x (prefill) / "
                              f"{fe.get('served_decode_contention', 0.0):+.3f}x (decode) per additional sequence "
                              f"(measured to {fe.get('served_contention_seqs', 1)})"))
+    if cal.speed_probes:
+        def ms(key: str, digits: int = 1) -> str:
+            return ", ".join(f"{1e3 * x[key]:.{digits}f}" for x in cal.speed_probes)
+        print(f"  speed probes ({len(cal.speed_probes)}): matmul {ms('compute_s')} ms, weight read "
+              f"{ms('memory_s')} ms, host {ms('host_s', 2)} ms")
     print(f"written to {out}")

@@ -9,6 +9,11 @@ sizes; its residuals are logged). A side's simulation
 replays the rounds the side measured, in order, against one simulated server per (stack, model),
 so the simulated tasks are the measured ones; its errors against the measurement and the step-cost
 model's error on the measured step records are stored with the run.
+
+The machine's speed drifts between the calibration and the run (``simulate.speed_probe``): before
+every measured round this process takes a speed probe in the servers' dtype and thread count, and a
+side is simulated at the speed its rounds' probes show against its calibration's (``drift``); the
+figures as calibrated (no drift applied) are stored beside them.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from ..simulate.front_end import FrontEnd
 from ..simulate.rounds import replay_rounds, round_controls
 from ..simulate.run import BASE_URL, SimulatedServer
 from ..simulate.setup import calibrated
+from ..simulate.speed_probe import Drift, SpeedProbe, drift, measure_speed
 from .calibrate import CALIBRATION_METHOD, FOLLOW_UP_TOKENS
 from .engine_flags import engine_kwargs_of_flags, flags_of_engine_kwargs
 
@@ -84,10 +90,11 @@ def figures(measured: dict, simulated: dict) -> dict:
     return out
 
 
-def per_step_error(cal: Calibration, model: str, run_dirs: list[Path]) -> dict | None:
+def per_step_error(cal: Calibration, model: str, run_dirs: list[Path], speed: Drift | None = None) -> dict | None:
     """The step-cost model against every step record the measured rounds hold (so errors cannot
     cancel between prefill and decode), each step priced as the simulation prices a served one
-    (the calibration's served-step scales): median and p90 |predicted - measured| / measured."""
+    (the calibration's served-step scales, at the ``speed`` drift when given): median and p90
+    |predicted - measured| / measured."""
     shapes, seconds = [], []
     for d in run_dirs:
         for rec in read_steps(d) or []:
@@ -96,7 +103,8 @@ def per_step_error(cal: Calibration, model: str, run_dirs: list[Path]) -> dict |
                 seconds.append(rec["end"] - rec["start"])
     if not shapes:
         return None
-    served = FrontEnd.from_dict(cal.front_end).served(cal.cost_model(resolve_model(model).cfg).seconds)
+    cost = cal.cost_model(resolve_model(model).cfg)
+    served = FrontEnd.from_dict(cal.front_end).served((speed.scale_cost(cost) if speed else cost).seconds)
     return error_summary(served, shapes, seconds)
 
 
@@ -116,7 +124,12 @@ class LocalSimulator:
         self.defaults = engine_kwargs_of_flags([])
         self.calibrations: dict[str, dict] = {}      # for the report: file -> what it says
         self._cals: dict[tuple, Calibration | None] = {}
-        self._servers: dict[tuple[str, str], SimulatedServer] = {}
+        self._servers: dict[tuple, SimulatedServer] = {}
+        kw = engine_kwargs_of_flags(self.serve_args, "compare's server flags")
+        # the probes run as the servers' engines do ("auto": what a calibration on this CPU resolves)
+        self.probe_dtype = kw["dtype"] if kw["dtype"] != "auto" else "float32"
+        self.probe_threads = kw["num_threads"] or 1
+        self.probes: dict[tuple[str, str, int], SpeedProbe] = {}    # (side, load, round) -> its probe
 
     # ---- engine arguments and calibrations -------------------------------------------------
     def engine_args(self, flags: list[str]) -> dict:
@@ -180,11 +193,26 @@ class LocalSimulator:
             self.log("  " + line)
         return load_calibration(path)[0]
 
-    def setup(self, model: str, args: dict, zero_host: bool = False):
+    def drift(self, cal: Calibration, probes: list[SpeedProbe]) -> tuple[Drift | None, str | None]:
+        """The machine's speed during ``probes`` against ``cal``'s."""
+        try:
+            then = [SpeedProbe.from_dict(p) for p in cal.speed_probes or []]
+        except ValueError as exc:
+            return None, f"the calibration's {exc}"
+        return drift(probes, then)
+
+    def setup(self, model: str, args: dict, zero_host: bool = False, probes: list[SpeedProbe] | None = None):
+        """A simulated server of ``model`` with ``args``, at the speed ``probes`` show (all taken so
+        far when None) against its calibration's."""
         cal, _ = self.calibration(model, args)
         if cal is None:
             return None
-        return calibrated(model, cal, args, self.machine, zero_host)[0]
+        speed, _ = self.drift(cal, list(self.probes.values()) if probes is None else probes)
+        return calibrated(model, cal, args, self.machine, zero_host, speed)[0]
+
+    # ---- speed probes ----------------------------------------------------------------------
+    def before_round(self, side: str, load: str, index: int) -> None:
+        self.probes[(side, load, index)] = measure_speed(self.probe_dtype, self.probe_threads)
 
     # ---- Simulator -------------------------------------------------------------------------
     def beside(self, group: StackRun, target: CompareTarget, run: PointRun, cfg: BenchConfig, source, synth,
@@ -195,16 +223,32 @@ class LocalSimulator:
                      "the simulated server cannot know (give it synthetic_acceptance_length to simulate it): no "
                      "simulated figures beside it")
             return None
-        setup = self.setup(target.model, args)
-        if setup is None:
-            return None
-        server = self._servers.setdefault((group.name, target.name), SimulatedServer(setup))
-        rounds = [rr.run_dir for rr in run.rounds]
-        summary, by_tree = replay_rounds(server, _sim_cfg(cfg), source, synth, run.point, round_controls(rounds),
-                                         folder)
         cal, path = self.calibration(target.model, args)
-        return {"folder": str(folder), "calibration": path, "task_s_by_tree": by_tree,
-                "figures": figures(run.summary, summary), "per_step": per_step_error(cal, target.model, rounds)}
+        if cal is None:
+            return None
+        probes = [p for rr in run.rounds if (p := self.probes.get((target.name, run.point.label, rr.index)))]
+        speed, why = self.drift(cal, probes)
+        if speed is None:
+            self.log(f"simulate: {group.name} {target.name} {run.point.label} at the calibration's speed ({why})")
+        rounds = [rr.run_dir for rr in run.rounds]
+
+        def replay(drifted: bool, where: Path):
+            setup = calibrated(target.model, cal, args, self.machine, drift=speed if drifted else None)[0]
+            server = self._servers.setdefault((group.name, target.name, drifted), SimulatedServer(setup))
+            server.retime(setup)        # this load point's rounds ran at their own speed
+            return replay_rounds(server, _sim_cfg(cfg), source, synth, run.point, round_controls(rounds), where)
+
+        summary, by_tree = replay(True, folder)
+        out = {"folder": str(folder), "calibration": path, "task_s_by_tree": by_tree,
+               "figures": figures(run.summary, summary),
+               "per_step": per_step_error(cal, target.model, rounds, speed),
+               "drift": speed.to_dict() if speed else None, "drift_missing": why,
+               "probes": [p.to_dict() for p in probes]}
+        if speed is not None:
+            as_cal, out["task_s_by_tree_as_calibrated"] = replay(False, folder / "as_calibrated")
+            out["figures_as_calibrated"] = figures(run.summary, as_cal)
+            out["per_step_as_calibrated"] = per_step_error(cal, target.model, rounds)
+        return out
 
     def counterfactuals(self, groups: list[StackRun], targets: list[CompareTarget], source, synth,
                         folder: Path) -> dict | None:

@@ -92,6 +92,14 @@ class SimulatedServer:
         self.clock = 0.0            # where the last run's virtual time stopped
         self._server: SimServer | None = None
 
+    def retime(self, setup: SimSetup) -> None:
+        """Price the next runs with ``setup``'s step costs and front end (the machine's speed
+        beside another measured run), keeping the engine and its caches."""
+        if (setup.model, setup.cfg, setup.engine_args) != (self.setup.model, self.setup.cfg, self.setup.engine_args):
+            raise ValueError("retime: another model or engine arguments than the server's")
+        self.setup = setup
+        self.engine.cost = setup.cost
+
     def _client(self) -> httpx.AsyncClient:
         self._server = SimServer(self.engine, self.setup.prompts, self.setup.front_end, self.setup.model, self.info)
         self._server.start()

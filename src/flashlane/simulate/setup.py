@@ -11,6 +11,7 @@ mechanism.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .. import acceptance
 from ..analyze.cache import cache_bytes
@@ -19,12 +20,15 @@ from ..analyze.gpu_step_cost import HardwareStepCost, HostAssumptions, ParallelL
 from ..analyze.memory import Layout, device_memory
 from ..analyze.models import resolve_model
 from ..analyze.params import count_params
-from ..analyze.step_cost import StepCostModel, StepWork
+from ..analyze.step_cost import HOST_TERMS, StepCostModel, StepWork
 from ..bench.stack_files import Mechanisms
 from ..config import ModelConfig
 from .front_end import FrontEnd
 from .prompts import prompt_tokenizer
 from .run import SimSetup
+
+if TYPE_CHECKING:
+    from .speed_probe import Drift
 
 # A GPU engine's step budget (vLLM's default max_num_batched_tokens for online serving), where the
 # engine arguments do not give one.
@@ -87,17 +91,17 @@ def speculative_mode(value) -> dict | None:
     return spec.mode() if spec is not None else None
 
 
-HOST_TERMS = ("t_step", "t_seq", "t_dispatch_seq_layer", "t_dispatch_expert", "t_draft_call")
-
-
 def calibrated(model: str, calibration: str | Calibration, engine_args: dict,
-               machine: dict | None = None, zero_host: bool = False) -> tuple[SimSetup, list[str]]:
+               machine: dict | None = None, zero_host: bool = False,
+               drift: Drift | None = None) -> tuple[SimSetup, list[str]]:
     """A simulation of MODEL as `flashlane serve` with ``engine_args`` runs on the calibration's
     machine. The calibration must be of this model and of the mode these arguments run in (dtype,
     kv-cache dtype, quantisation, static graphs, threads): a mismatch is a ValueError naming it.
     ``zero_host``: the counterfactual without host time (the fitted per-step, per-sequence and
-    dispatch terms and the front end set to zero: only the op groups' time is left). Returns the
-    setup and warnings (another machine than ``machine``, say)."""
+    dispatch terms and the front end set to zero: only the op groups' time is left). ``drift``:
+    the machine's speed beside a measured run against the calibration's (``speed_probe.drift``),
+    applied to the step costs and the front end. Returns the setup and warnings (another machine
+    than ``machine``, say)."""
     named = resolve_model(model)
     if isinstance(calibration, Calibration):
         cal = calibration
@@ -125,6 +129,8 @@ def calibrated(model: str, calibration: str | Calibration, engine_args: dict,
                          + "; ".join(bad) + " (calibrate again with those engine flags)")
     front = FrontEnd.from_dict(cal.front_end)
     cost = cal.cost_model(named.cfg)
+    if drift is not None:
+        cost, front = drift.scale_cost(cost), drift.scale_front_end(front)
     if zero_host:
         front = front.zero()
         cost = StepCostModel(cost.work, cost.peak_flops, cost.mem_bw,
@@ -134,6 +140,7 @@ def calibrated(model: str, calibration: str | Calibration, engine_args: dict,
                      assumptions={"step_costs": "calibration", "calibration": {
                          "file": str(where), "machine": cal.machine, "mode": cal.mode,
                          "coefficients": cost.coefficients, "zero_host": zero_host,
+                         "drift": drift.to_dict() if drift is not None else None,
                          "served_step_scales": {"prefill": front.served_prefill_scale,
                                                 "decode": front.served_decode_scale,
                                                 "contention_per_seq": {"prefill": front.served_prefill_contention,

@@ -1,0 +1,150 @@
+"""How fast this machine runs right now, measured the same way at calibration and beside a
+measured run, so a simulation can price the run's steps at the speed the machine had then.
+
+A calibration describes the minutes it was measured in. These VMs drift within a session without
+any load figure showing it (2026-12-07, an Emerald Rapids VM at load ~0: one core's float32
+matmul ran 205-210 GFLOP/s at midday and 150 three hours later, and every simulated side of a
+compare run then under-predicted by 19-34%). The probe is three fixed pieces of an engine step's
+work in the engine's dtype and thread count, each timed as the median of a few repeats:
+
+- ``compute_s``: a prefill-sized matmul (256 rows), as a chunk's projections and MLP run;
+- ``memory_s``: a matrix-vector product over more weights than the L3 holds, as a decode step reads them;
+- ``host_s``: a few thousand tiny tensor ops, as the Python and dispatch of a step cost.
+
+``drift`` compares the probes taken beside a run with the calibration's: each a ratio of medians
+(now over then, >1: slower now), applied to the step-cost model's peak FLOP/s, memory bandwidth and
+host terms and to the front end's times (``scale_cost`` / ``scale_front_end``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING
+
+from ..analyze.step_cost import HOST_TERMS, StepCostModel
+
+if TYPE_CHECKING:
+    from .front_end import FrontEnd
+
+PROBE_VERSION = 1
+COMPUTE_SHAPE = (256, 1024, 2816)   # rows x in x out
+MEMORY_BYTES = 384 << 20            # above the largest L3 these VMs report (260 MiB)
+MEMORY_ROWS = 4096
+HOST_OPS = 2000
+REPEATS = 7
+WARM_S = 0.15
+FRONT_END_TIMES = ("request_s", "per_prompt_token_s", "token_s", "step_gap_s")
+
+
+@dataclass(frozen=True)
+class SpeedProbe:
+    compute_s: float
+    memory_s: float
+    host_s: float
+    dtype: str
+    threads: int
+    at: float                       # unix time
+    version: int = PROBE_VERSION
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "SpeedProbe":
+        try:
+            probe = cls(float(d["compute_s"]), float(d["memory_s"]), float(d["host_s"]), str(d["dtype"]),
+                        int(d["threads"]), float(d["at"]), int(d.get("version", 0)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"speed probe: missing or bad field ({exc})") from None
+        if min(probe.compute_s, probe.memory_s, probe.host_s) <= 0:
+            raise ValueError("speed probe: its times must be > 0")
+        return probe
+
+
+def _median_s(fn, repeats: int) -> float:
+    t_end = time.perf_counter() + WARM_S        # first-touch pages, kernel selection; in a fresh
+    while time.perf_counter() < t_end:          # process the first 20 matmuls ran 11% slow
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure_speed(dtype: str = "float32", threads: int = 1, repeats: int = REPEATS) -> SpeedProbe:
+    """The probe in this process at ``threads`` torch threads (restored after), about half a second."""
+    import torch
+
+    dt = getattr(torch, dtype, None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"speed probe: unknown dtype {dtype!r}")
+    if not (isinstance(threads, int) and threads >= 1):
+        raise ValueError(f"speed probe: threads must be an integer >= 1, got {threads!r}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode():
+            gen = torch.Generator().manual_seed(0)
+            m, k, n = COMPUTE_SHAPE
+            a, b = torch.randn(m, k, generator=gen).to(dt), torch.randn(k, n, generator=gen).to(dt)
+            cols = MEMORY_BYTES // (MEMORY_ROWS * dt.itemsize)
+            w, x = torch.empty(MEMORY_ROWS, cols, dtype=dt).fill_(0.5), torch.ones(1, MEMORY_ROWS, dtype=dt)
+            tiny = torch.zeros(16, dtype=dt)
+
+            def host():
+                for _ in range(HOST_OPS):
+                    tiny.add_(1)
+
+            compute_s = _median_s(lambda: torch.mm(a, b), repeats)
+            memory_s = _median_s(lambda: torch.mm(x, w), repeats)
+            host_s = _median_s(host, repeats)
+    finally:
+        torch.set_num_threads(before)
+    return SpeedProbe(compute_s, memory_s, host_s, dtype, threads, time.time())
+
+
+@dataclass(frozen=True)
+class Drift:
+    """The machine now against when it was calibrated: time ratios (>1: slower now)."""
+    compute: float
+    memory: float
+    host: float
+    probes_now: int
+    probes_then: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def scale_cost(self, model: StepCostModel) -> StepCostModel:
+        """``model`` at this speed: peak FLOP/s and bandwidth divided by their ratios, the host
+        terms (per step, per sequence, per dispatch) times the host ratio."""
+        coeffs = {**model.coefficients, **{t: model.coefficients[t] * self.host for t in HOST_TERMS}}
+        return StepCostModel(model.work, model.peak_flops / self.compute, model.mem_bw / self.memory, coeffs)
+
+    def scale_front_end(self, front: "FrontEnd") -> "FrontEnd":
+        """The front end's times (admission, delivery, the pause between steps) times the host ratio;
+        its served-step scales are ratios of step times and stay."""
+        return replace(front, **{k: getattr(front, k) * self.host for k in FRONT_END_TIMES})
+
+
+def drift(now: Sequence[SpeedProbe], then: Sequence[SpeedProbe]) -> tuple[Drift | None, str | None]:
+    """The drift from the calibration's probes ``then`` to the run's ``now`` (medians of each), or
+    None and why not (no probes on a side, another dtype, thread count or probe version)."""
+    if not now:
+        return None, "no speed probe beside the run"
+    if not then:
+        return None, "the calibration has no speed probe (calibrated before probes were taken)"
+    kinds = {(p.dtype, p.threads, p.version) for p in [*now, *then]}
+    if len(kinds) > 1:
+        return None, ("the probes differ in dtype, threads or version: "
+                      + ", ".join(f"{d} x{t} v{v}" for d, t, v in sorted(kinds)))
+
+    def ratio(field: str) -> float:
+        return statistics.median(getattr(p, field) for p in now) / statistics.median(getattr(p, field) for p in then)
+
+    return Drift(ratio("compute_s"), ratio("memory_s"), ratio("host_s"), len(now), len(then)), None
