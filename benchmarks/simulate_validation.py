@@ -147,8 +147,8 @@ def smollm2_part(quick: bool, work: Path, log, resimulate: Path | None = None,
                 cfg = _smollm2_config(c, n, quick, f"http://127.0.0.1:{port}", work / "smollm2" / f"measured_c{c}",
                                       srv.pid)
                 log(f"smollm2 measured c{c}, {n} tasks")
-                sim.before_round(SMOLLM2, f"c{c}", 0)
-                probes[c] = sim.probes[(SMOLLM2, f"c{c}", 0)]
+                sim.before_round("flashlane", SMOLLM2, f"c{c}", 0)
+                probes[c] = sim.probes[("flashlane", SMOLLM2, f"c{c}", 0)]
                 (_, summary, run_dir), = run_bench(cfg, resolve_tokenizer=presets.tokenizer_file)
                 measured[c] = (cfg, summary, run_dir)
     sides = []

@@ -145,11 +145,12 @@ def test_compares_simulator_probes_before_each_round_and_uses_the_sides_own_prob
     monkeypatch.setattr(cs, "measure_speed", fake_probe)
     sim = cs.LocalSimulator(["--dtype", "float32", "--num-threads", "1"], tmp_path, log=lambda m: None,
                             cache_dir=tmp_path / "cal")
-    for r in range(2):
-        for side in ("tiny-flash", "tiny-standard"):
-            sim.before_round(side, "c1", r)
-    assert taken == [("float32", 1)] * 4 and len(sim.probes) == 4
-    mine = [sim.probes[("tiny-flash", "c1", r)] for r in range(2)]
+    for stack in ("naive", "flashlane"):
+        for r in range(2):
+            for side in ("tiny-flash", "tiny-standard"):
+                sim.before_round(stack, side, "c1", r)
+    assert taken == [("float32", 1)] * 8 and len(sim.probes) == 8      # one per stack, side and round
+    mine = [sim.probes[("naive", "tiny-flash", "c1", r)] for r in range(2)]
     assert [p.compute_s for p in mine] == [0.013, 0.013]
     d, why = sim.drift(calibration([probe(compute=0.010)]), mine)
     assert why is None and d.compute == pytest.approx(1.3)

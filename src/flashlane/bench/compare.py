@@ -19,6 +19,7 @@ The report is written by compare_report.py.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import signal
 import sys
@@ -46,9 +47,9 @@ from .text_synth import TextSynth, TokenizerResolver, load_tokenizer
 class Simulator(Protocol):
     calibrations: dict     # what the simulated step costs were fitted on, for the report
 
-    def before_round(self, side: str, load: str, index: int) -> None:
-        """Called before each measured round (side, load point label, round index), while both
-        servers are idle: where the simulator measures the machine's speed at that time."""
+    def before_round(self, stack: str, side: str, load: str, index: int) -> None:
+        """Called before each measured round (stack, side, load point label, round index), while
+        both servers are idle: where the simulator measures the machine's speed at that time."""
 
     def beside(self, group: StackRun, target: CompareTarget, run: PointRun, cfg: BenchConfig, source, synth,
                folder: Path) -> dict | None:
@@ -250,7 +251,8 @@ def run_compare(a: str, b: str, base_cfg: BenchConfig, out_dir: Path, template: 
                 for point in base_cfg.load_points():
                     runs = measure_interleaved(cfgs, targets, source, synth, point, folder, log,
                                                f"{g.name} " if g.stack else "",
-                                               simulator.before_round if simulator is not None else None)
+                                               None if simulator is None else functools.partial(
+                                                   simulator.before_round, g.name))
                     for t in targets:
                         g.points[t.name].append(runs[t.name])
     finally:

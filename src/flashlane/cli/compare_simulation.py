@@ -129,7 +129,7 @@ class LocalSimulator:
         # the probes run as the servers' engines do ("auto": what a calibration on this CPU resolves)
         self.probe_dtype = kw["dtype"] if kw["dtype"] != "auto" else "float32"
         self.probe_threads = kw["num_threads"] or 1
-        self.probes: dict[tuple[str, str, int], SpeedProbe] = {}    # (side, load, round) -> its probe
+        self.probes: dict[tuple[str, str, str, int], SpeedProbe] = {}    # (stack, side, load, round) -> probe
 
     # ---- engine arguments and calibrations -------------------------------------------------
     def engine_args(self, flags: list[str]) -> dict:
@@ -211,8 +211,8 @@ class LocalSimulator:
         return calibrated(model, cal, args, self.machine, zero_host, speed)[0]
 
     # ---- speed probes ----------------------------------------------------------------------
-    def before_round(self, side: str, load: str, index: int) -> None:
-        self.probes[(side, load, index)] = measure_speed(self.probe_dtype, self.probe_threads)
+    def before_round(self, stack: str, side: str, load: str, index: int) -> None:
+        self.probes[(stack, side, load, index)] = measure_speed(self.probe_dtype, self.probe_threads)
 
     # ---- Simulator -------------------------------------------------------------------------
     def beside(self, group: StackRun, target: CompareTarget, run: PointRun, cfg: BenchConfig, source, synth,
@@ -226,7 +226,8 @@ class LocalSimulator:
         cal, path = self.calibration(target.model, args)
         if cal is None:
             return None
-        probes = [p for rr in run.rounds if (p := self.probes.get((target.name, run.point.label, rr.index)))]
+        probes = [p for rr in run.rounds
+                  if (p := self.probes.get((group.name, target.name, run.point.label, rr.index)))]
         speed, why = self.drift(cal, probes)
         if speed is None:
             self.log(f"simulate: {group.name} {target.name} {run.point.label} at the calibration's speed ({why})")
