@@ -11,7 +11,7 @@ from flashlane.analyze.models import resolve_model
 from flashlane.analyze.step_cost import HOST_TERMS, TERMS, StepCostModel, StepShape, StepWork
 from flashlane.simulate import setup as sim_setup
 from flashlane.simulate.front_end import FrontEnd
-from flashlane.simulate.speed_probe import Drift, SpeedProbe, drift, measure_speed
+from flashlane.simulate.speed_probe import PROBE_VERSION, Drift, SpeedProbe, drift, measure_speed
 
 MODEL = "tiny-flash"
 COEFFICIENTS = {**{t: 0.0 for t in TERMS}, "t_step": 1e-3, "t_seq": 2e-4, "t_dispatch_seq_layer": 1e-5,
@@ -20,7 +20,7 @@ FRONT_END = {"request_s": 0.004, "per_prompt_token_s": 2e-6, "token_s": 0.001, "
              "served_prefill_scale": 1.1, "served_decode_scale": 1.2, "source": "measured"}
 
 
-def probe(compute=0.01, memory=0.03, host=0.005, dtype="float32", threads=1, version=1) -> SpeedProbe:
+def probe(compute=0.01, memory=0.03, host=0.005, dtype="float32", threads=1, version=PROBE_VERSION) -> SpeedProbe:
     return SpeedProbe(compute, memory, host, dtype, threads, 0.0, version)
 
 
@@ -71,7 +71,7 @@ def test_drift_is_the_ratio_of_the_medians_now_over_then():
     ([probe()], [], "calibration has no speed probe"),
     ([probe(dtype="bfloat16")], [probe()], "dtype"),
     ([probe(threads=2)], [probe()], "threads"),
-    ([probe(version=2)], [probe()], "version"),
+    ([probe(version=PROBE_VERSION - 1)], [probe()], "version"),
 ])
 def test_no_drift_is_given_without_comparable_probes_and_says_why(now, then, reason):
     d, why = drift(now, then)

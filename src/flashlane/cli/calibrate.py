@@ -32,8 +32,9 @@ FOLLOW_UP_TOKENS = (16, 256)
 # 4: a warm-up of 64 decode steps and one full batch before the grid (``warm_up``).
 # 5: the front end's server gets the same warm-up and its requests the grid's --decode-tokens.
 # 6: the fit prices a prefill-carrying step's matmul rows as M + M0 (``step_cost``'s c_prefill_rows).
-# 7: a speed probe (``simulate.speed_probe``) after each chunk size's grid.
-CALIBRATION_METHOD = 7
+# 7: a speed probe (``simulate.speed_probe``) after each chunk size's grid; 8: the probe's fastest
+# repeat (its version 2), not the median.
+CALIBRATION_METHOD = 8
 
 
 def _ints(value: str) -> tuple[int, ...]:
