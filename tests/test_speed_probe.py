@@ -170,3 +170,27 @@ def test_a_simulated_server_retimed_keeps_its_engine_and_refuses_other_engine_ar
     other, _ = sim_setup.calibrated(MODEL, calibration([probe()]), {"enable_prefix_caching": False})
     with pytest.raises(ValueError, match="engine arguments"):
         server.retime(other)
+
+
+def test_a_probe_waits_for_the_machine_to_go_quiet_and_records_it(monkeypatch):
+    """Right after a round the servers still work for a moment: the probe waits until the machine's
+    CPU use (in % of one core) falls below the bar, or gives up after the wait's limit."""
+    import psutil
+
+    from flashlane.simulate import speed_probe
+
+    readings = iter([60.0, 30.0, 2.0])          # % of all cores, as psutil gives it
+    monkeypatch.setattr(psutil, "cpu_percent", lambda interval: next(readings))
+    monkeypatch.setattr(psutil, "cpu_count", lambda: 2)
+    waited, busy = speed_probe.wait_for_quiet(max_s=60.0, busy_pct=10.0)
+    assert busy == 4.0 and waited >= 0.0
+    with pytest.raises(StopIteration):
+        next(readings)                              # it read until quiet, and no further
+    monkeypatch.setattr(psutil, "cpu_percent", lambda interval: 90.0)
+    waited, busy = speed_probe.wait_for_quiet(max_s=0.0, busy_pct=10.0)
+    assert busy == 180.0                            # still busy: it gave up at the limit
+    monkeypatch.setattr(speed_probe, "wait_for_quiet", lambda max_s: (1.5, 3.0))
+    p = measure_speed("float32", 1, repeats=1)
+    assert (p.quiet_wait_s, p.busy_pct) == (1.5, 3.0)
+    assert SpeedProbe.from_dict(p.to_dict()) == p
+    assert measure_speed("float32", 1, repeats=1, quiet_s=0).busy_pct is None

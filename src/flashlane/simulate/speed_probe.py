@@ -13,6 +13,11 @@ weight read 6.0% and 18.3%):
 - ``memory_s``: a matrix-vector product over more weights than the L3 holds, as a decode step reads them;
 - ``host_s``: a few thousand tiny tensor ops, as the Python and dispatch of a step cost.
 
+A probe first waits (up to ``QUIET_WAIT_S``) until the machine's other CPU use falls below
+``QUIET_BUSY_PCT`` of a core: right after a compare round the servers still work for a moment,
+and on these 2-vCPU VMs anything on the other vCPU slowed a probe by up to 75% (host ops 4.5 ->
+8.0 ms in 5 of 24 probes of one run), the fastest repeat included.
+
 ``drift`` compares the probes taken beside a run with the calibration's: per piece the ratio of
 the probes' medians (now over then, >1: slower now), applied to the step-cost model's peak FLOP/s, memory bandwidth and
 host terms and to the front end's times (``scale_cost`` / ``scale_front_end``).
@@ -37,6 +42,9 @@ MEMORY_BYTES = 384 << 20            # above the largest L3 these VMs report (260
 MEMORY_ROWS = 4096
 HOST_OPS = 2000
 REPEATS = 7
+QUIET_WAIT_S = 5.0
+QUIET_BUSY_PCT = 10.0               # of one core, all processes but nothing of this one's probe yet
+QUIET_WINDOW_S = 0.2
 WARM_S = 0.15
 FRONT_END_TIMES = ("request_s", "per_prompt_token_s", "token_s", "step_gap_s")
 
@@ -50,6 +58,8 @@ class SpeedProbe:
     threads: int
     at: float                       # unix time
     version: int = PROBE_VERSION
+    quiet_wait_s: float = 0.0       # how long it waited for the machine to go quiet
+    busy_pct: float | None = None   # the machine's CPU use (% of one core) when it started
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -57,8 +67,10 @@ class SpeedProbe:
     @classmethod
     def from_dict(cls, d: Mapping) -> "SpeedProbe":
         try:
+            busy = d.get("busy_pct")
             probe = cls(float(d["compute_s"]), float(d["memory_s"]), float(d["host_s"]), str(d["dtype"]),
-                        int(d["threads"]), float(d["at"]), int(d.get("version", 0)))
+                        int(d["threads"]), float(d["at"]), int(d.get("version", 0)),
+                        float(d.get("quiet_wait_s", 0.0)), None if busy is None else float(busy))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"speed probe: missing or bad field ({exc})") from None
         if min(probe.compute_s, probe.memory_s, probe.host_s) <= 0:
@@ -78,8 +90,23 @@ def _fastest_s(fn, repeats: int) -> float:
     return min(times)
 
 
-def measure_speed(dtype: str = "float32", threads: int = 1, repeats: int = REPEATS) -> SpeedProbe:
-    """The probe in this process at ``threads`` torch threads (restored after), about half a second."""
+def wait_for_quiet(max_s: float = QUIET_WAIT_S, busy_pct: float = QUIET_BUSY_PCT) -> tuple[float, float]:
+    """Wait until the machine's CPU use over a short window is below ``busy_pct`` of one core, or
+    ``max_s`` passed: (seconds waited, the last reading)."""
+    import psutil
+
+    t0 = time.monotonic()
+    while True:
+        pct = psutil.cpu_percent(interval=QUIET_WINDOW_S) * (psutil.cpu_count() or 1)
+        waited = time.monotonic() - t0
+        if pct < busy_pct or waited >= max_s:
+            return waited, pct
+
+
+def measure_speed(dtype: str = "float32", threads: int = 1, repeats: int = REPEATS,
+                  quiet_s: float = QUIET_WAIT_S) -> SpeedProbe:
+    """The probe in this process at ``threads`` torch threads (restored after), about 1.4 s after
+    waiting up to ``quiet_s`` for the machine to go quiet (0: no wait)."""
     import torch
 
     dt = getattr(torch, dtype, None)
@@ -87,6 +114,7 @@ def measure_speed(dtype: str = "float32", threads: int = 1, repeats: int = REPEA
         raise ValueError(f"speed probe: unknown dtype {dtype!r}")
     if not (isinstance(threads, int) and threads >= 1):
         raise ValueError(f"speed probe: threads must be an integer >= 1, got {threads!r}")
+    waited, busy = wait_for_quiet(quiet_s) if quiet_s > 0 else (0.0, None)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -107,7 +135,7 @@ def measure_speed(dtype: str = "float32", threads: int = 1, repeats: int = REPEA
             host_s = _fastest_s(host, repeats)
     finally:
         torch.set_num_threads(before)
-    return SpeedProbe(compute_s, memory_s, host_s, dtype, threads, time.time())
+    return SpeedProbe(compute_s, memory_s, host_s, dtype, threads, time.time(), PROBE_VERSION, waited, busy)
 
 
 @dataclass(frozen=True)
