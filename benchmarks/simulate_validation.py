@@ -11,7 +11,7 @@ Parts (each writes its results into the JSON as soon as it is done):
 
 Step costs come from `flashlane calibrate` of this machine in the servers' mode (compare's calibration
 grid, cached under $FLASHLANE_CACHE/calibrations), never from the measured runs. The machine's speed
-is probed before every measured round (`simulate.speed_probe`: a matmul, a weight read and small ops in
+is probed before every measured round and after the last (`simulate.speed_probe`: a matmul, a weight read and small ops in
 the servers' dtype and threads, against the same probe taken while the calibration ran); each side is
 simulated at that speed, and as calibrated beside it (`figures_as_calibrated`). Checked per side:
 per-task latency mean within 10% (aim 5%), TTFT mean and ITL mean within 15%, prefix-cache hit within
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -147,15 +148,16 @@ def smollm2_part(quick: bool, work: Path, log, resimulate: Path | None = None,
                 cfg = _smollm2_config(c, n, quick, f"http://127.0.0.1:{port}", work / "smollm2" / f"measured_c{c}",
                                       srv.pid)
                 log(f"smollm2 measured c{c}, {n} tasks")
-                sim.before_round("flashlane", SMOLLM2, f"c{c}", 0)
-                probes[c] = sim.probes[("flashlane", SMOLLM2, f"c{c}", 0)]
+                sim.between_rounds("flashlane", f"c{c}", 0)
                 (_, summary, run_dir), = run_bench(cfg, resolve_tokenizer=presets.tokenizer_file)
+                sim.between_rounds("flashlane", f"c{c}", 1)
+                probes[c] = [sim.probes[("flashlane", f"c{c}", p)] for p in (0, 1)]
                 measured[c] = (cfg, summary, run_dir)
     sides = []
     servers = {drifted: SimulatedServer(calibrated(SMOLLM2, cal, args, sim.machine)[0]) for drifted in (True, False)}
     for c, _ in _smollm2_loads(quick):
         cfg, summary, run_dir = measured[c]
-        speed, why = sim.drift(cal, [probes[c]] if c in probes else [])
+        speed, why = sim.drift(cal, probes.get(c, []))
 
         def simulate(drifted: bool) -> dict:
             server = servers[drifted]
@@ -194,9 +196,9 @@ def summarize(parts: dict) -> dict:
     return {"sides": len(sides), **{f"within_goal_{k}": all_true(k) for k in GOALS},
             "ratio_inside_ci": {"passed": sum(1 for r in ratios if r["inside_ci"]), "of": len(ratios)},
             "task_error_abs_max": errs[-1] if errs else None,
-            "task_error_abs_median": errs[len(errs) // 2] if errs else None,
+            "task_error_abs_median": statistics.median(errs) if errs else None,
             "as_calibrated": {"sides": len(as_cal), "task_error_abs_max": as_cal[-1] if as_cal else None,
-                              "task_error_abs_median": as_cal[len(as_cal) // 2] if as_cal else None,
+                              "task_error_abs_median": statistics.median(as_cal) if as_cal else None,
                               "ratios": [r.get("simulated_as_calibrated") for r in ratios]}}
 
 

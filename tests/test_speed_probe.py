@@ -130,30 +130,35 @@ def test_a_calibrations_probes_survive_a_round_trip_and_an_older_file_reads_none
     assert old.speed_probes is None
 
 
-def test_compares_simulator_probes_before_each_round_and_uses_the_sides_own_probes(tmp_path, monkeypatch):
-    """The simulator takes a probe per (side, load, round) in the servers' dtype and threads, and a
-    side's drift compares its rounds' probes with its calibration's; a calibration without probes
-    is simulated at its own speed, saying why."""
+def test_compares_simulator_probes_between_rounds_and_a_side_takes_those_around_its_rounds(tmp_path, monkeypatch):
+    """The simulator takes a probe before every round of a stack's load point and after the last,
+    in the servers' dtype and threads; a side's drift compares the probes on either side of its
+    rounds with its calibration's; a calibration without probes is simulated at its own speed,
+    saying why."""
+    from types import SimpleNamespace
+
     import flashlane.cli.compare_simulation as cs
 
     taken = []
 
     def fake_probe(dtype, threads):
         taken.append((dtype, threads))
-        return probe(compute=0.013 if len(taken) % 2 else 0.011)
+        return probe(compute=0.010 + 0.001 * len(taken))
 
     monkeypatch.setattr(cs, "measure_speed", fake_probe)
     sim = cs.LocalSimulator(["--dtype", "float32", "--num-threads", "1"], tmp_path, log=lambda m: None,
                             cache_dir=tmp_path / "cal")
     for stack in ("naive", "flashlane"):
-        for r in range(2):
-            for side in ("tiny-flash", "tiny-standard"):
-                sim.before_round(stack, side, "c1", r)
-    assert taken == [("float32", 1)] * 8 and len(sim.probes) == 8      # one per stack, side and round
-    mine = [sim.probes[("naive", "tiny-flash", "c1", r)] for r in range(2)]
-    assert [p.compute_s for p in mine] == [0.013, 0.013]
+        for position in range(5):                   # A B B A, then after the last
+            sim.between_rounds(stack, "c1", position)
+    assert taken == [("float32", 1)] * 10 and len(sim.probes) == 10
+    a_rounds = [SimpleNamespace(position=0), SimpleNamespace(position=3)]
+    b_rounds = [SimpleNamespace(position=1), SimpleNamespace(position=2)]
+    mine = sim.round_probes("flashlane", "c1", a_rounds)
+    assert [p.compute_s for p in mine] == pytest.approx([0.016, 0.017, 0.019, 0.020])   # positions 0, 1, 3, 4
+    assert [p.compute_s for p in sim.round_probes("naive", "c1", b_rounds)] == pytest.approx([0.012, 0.013, 0.014])
     d, why = sim.drift(calibration([probe(compute=0.010)]), mine)
-    assert why is None and d.compute == pytest.approx(1.3)
+    assert why is None and d.compute == pytest.approx(1.8)
     d, why = sim.drift(calibration(None), mine)
     assert d is None and "no speed probe" in why
 

@@ -47,9 +47,10 @@ from .text_synth import TextSynth, TokenizerResolver, load_tokenizer
 class Simulator(Protocol):
     calibrations: dict     # what the simulated step costs were fitted on, for the report
 
-    def before_round(self, stack: str, side: str, load: str, index: int) -> None:
-        """Called before each measured round (stack, side, load point label, round index), while
-        both servers are idle: where the simulator measures the machine's speed at that time."""
+    def between_rounds(self, stack: str, load: str, position: int) -> None:
+        """Called before the round at ``position`` of a load point's interleaved schedule and once
+        after its last (``position`` = the number of rounds), both servers idle: where the
+        simulator measures the machine's speed, so each round lies between two measurements."""
 
     def beside(self, group: StackRun, target: CompareTarget, run: PointRun, cfg: BenchConfig, source, synth,
                folder: Path) -> dict | None:
@@ -171,9 +172,10 @@ def prompt_synth(cfg: BenchConfig, targets: list[CompareTarget],
 
 def measure_interleaved(cfgs: dict[str, BenchConfig], targets: list[CompareTarget], source, synth,
                         point: LoadPoint, folder: Path, log, prefix: str = "",
-                        before_round: Callable[[str, str, int], None] | None = None) -> dict[str, PointRun]:
+                        between_rounds: Callable[[str, int], None] | None = None) -> dict[str, PointRun]:
     """One load point on both targets in interleaved rounds; the pooled run of each.
-    ``before_round(side, load, round)``: called before each round (the simulator's speed probe)."""
+    ``between_rounds(load, position)``: called before each round and after the last (the
+    simulator's speed probe)."""
     names = [t.name for t in targets]
     servers = {t.name: t.server.pid if t.server else cfgs[t.name].server_pid for t in targets}
     sizes = round_sizes(cfgs[names[0]], point)
@@ -181,12 +183,14 @@ def measure_interleaved(cfgs: dict[str, BenchConfig], targets: list[CompareTarge
     starts = {0: cfgs[names[0]].first_session}
     for position, (r, name) in enumerate(schedule(names, len(sizes))):
         log(f"{prefix}{name} {point.label} round {r + 1}/{len(sizes)}")
-        if before_round is not None:
-            before_round(name, point.label, r)
+        if between_rounds is not None:
+            between_rounds(point.label, position)
         rr, nxt = run_round(cfgs[name], source, synth, point, folder / name / point.label / f"round{r}", r,
                             position, name, starts[r], sizes[r], servers)
         rounds[name].append(rr)
         starts[r + 1] = max(starts.get(r + 1, 0), nxt)
+    if between_rounds is not None:
+        between_rounds(point.label, len(names) * len(sizes))
     out = {}
     for name in names:
         side = folder / name / point.label
@@ -252,7 +256,7 @@ def run_compare(a: str, b: str, base_cfg: BenchConfig, out_dir: Path, template: 
                     runs = measure_interleaved(cfgs, targets, source, synth, point, folder, log,
                                                f"{g.name} " if g.stack else "",
                                                None if simulator is None else functools.partial(
-                                                   simulator.before_round, g.name))
+                                                   simulator.between_rounds, g.name))
                     for t in targets:
                         g.points[t.name].append(runs[t.name])
     finally:

@@ -472,8 +472,9 @@ def simulation_note(calibrations: dict | None) -> str:
             "these runs): " + "; ".join(parts) + ". Errors are simulated minus measured, over measured; "
             "the per-step error prices every measured step record as the simulation prices a served step "
             "(the step-cost model times the calibration's served-step scales). Each side is simulated at the "
-            "machine's speed during its rounds: a probe before every round (a prefill-sized matmul, a weight "
-            "read beyond the L3, a few thousand small ops, in the servers' dtype and threads) against the same "
+            "machine's speed during its rounds: the probes before and after each of its rounds (a prefill-sized "
+            "matmul, a weight read beyond the L3, a few thousand small ops, in the servers' dtype and threads) "
+            "against the same "
             "probe taken while the calibration ran scales the step costs' FLOP rate, bandwidth and host terms; "
             "the last column is the error without that scaling.")
 

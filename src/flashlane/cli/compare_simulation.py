@@ -11,9 +11,10 @@ so the simulated tasks are the measured ones; its errors against the measurement
 model's error on the measured step records are stored with the run.
 
 The machine's speed drifts between the calibration and the run (``simulate.speed_probe``): before
-every measured round this process takes a speed probe in the servers' dtype and thread count, and a
-side is simulated at the speed its rounds' probes show against its calibration's (``drift``); the
-figures as calibrated (no drift applied) are stored beside them.
+every measured round and after the last this process takes a speed probe in the servers' dtype and
+thread count, and a side is simulated at the speed the probes on either side of its rounds show
+against its calibration's (``drift``); the figures as calibrated (no drift applied) are stored
+beside them.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ class LocalSimulator:
         # the probes run as the servers' engines do ("auto": what a calibration on this CPU resolves)
         self.probe_dtype = kw["dtype"] if kw["dtype"] != "auto" else "float32"
         self.probe_threads = kw["num_threads"] or 1
-        self.probes: dict[tuple[str, str, str, int], SpeedProbe] = {}    # (stack, side, load, round) -> probe
+        self.probes: dict[tuple[str, str, int], SpeedProbe] = {}    # (stack, load, schedule position) -> probe
 
     # ---- engine arguments and calibrations -------------------------------------------------
     def engine_args(self, flags: list[str]) -> dict:
@@ -211,8 +212,15 @@ class LocalSimulator:
         return calibrated(model, cal, args, self.machine, zero_host, speed)[0]
 
     # ---- speed probes ----------------------------------------------------------------------
-    def before_round(self, stack: str, side: str, load: str, index: int) -> None:
-        self.probes[(stack, side, load, index)] = measure_speed(self.probe_dtype, self.probe_threads)
+    def between_rounds(self, stack: str, load: str, position: int) -> None:
+        self.probes[(stack, load, position)] = measure_speed(self.probe_dtype, self.probe_threads)
+
+    def round_probes(self, stack: str, load: str, rounds) -> list[SpeedProbe]:
+        """The probes just before and just after each of ``rounds`` (``bench.rounds.RoundRun``):
+        the machine's speed on either side of it (transient slowdowns of a few seconds are common
+        here, so one probe per round samples them too coarsely)."""
+        keys = sorted({(stack, load, p) for rr in rounds for p in (rr.position, rr.position + 1)})
+        return [self.probes[k] for k in keys if k in self.probes]
 
     # ---- Simulator -------------------------------------------------------------------------
     def beside(self, group: StackRun, target: CompareTarget, run: PointRun, cfg: BenchConfig, source, synth,
@@ -226,8 +234,7 @@ class LocalSimulator:
         cal, path = self.calibration(target.model, args)
         if cal is None:
             return None
-        probes = [p for rr in run.rounds
-                  if (p := self.probes.get((group.name, target.name, run.point.label, rr.index)))]
+        probes = self.round_probes(group.name, run.point.label, run.rounds)
         speed, why = self.drift(cal, probes)
         if speed is None:
             self.log(f"simulate: {group.name} {target.name} {run.point.label} at the calibration's speed ({why})")

@@ -13,10 +13,12 @@ weight read 6.0% and 18.3%):
 - ``memory_s``: a matrix-vector product over more weights than the L3 holds, as a decode step reads them;
 - ``host_s``: a few thousand tiny tensor ops, as the Python and dispatch of a step cost.
 
-A probe first waits (up to ``QUIET_WAIT_S``) until the machine's other CPU use falls below
-``QUIET_BUSY_PCT`` of a core: right after a compare round the servers still work for a moment,
-and on these 2-vCPU VMs anything on the other vCPU slowed a probe by up to 75% (host ops 4.5 ->
-8.0 ms in 5 of 24 probes of one run), the fastest repeat included.
+A probe first waits (up to ``QUIET_WAIT_S``) until the machine's CPU use falls below
+``QUIET_BUSY_PCT`` of a core, so work left over in this VM (a server finishing a round) is not
+timed as the machine's speed. The VM's own figures do not show everything: in one compare run
+every probe started at 0-5% of a core, and 3 of 12 still ran 25-85% slow (host ops 4.5 -> 8.2
+ms, the fastest repeat included): slowdowns of a few seconds from outside the VM, which is why
+a compare round is bracketed by two probes.
 
 ``drift`` compares the probes taken beside a run with the calibration's: per piece the ratio of
 the probes' medians (now over then, >1: slower now), applied to the step-cost model's peak FLOP/s, memory bandwidth and
