@@ -206,7 +206,9 @@ def test_compare_stacks_end_to_end_against_real_servers(tmp_path):
     assert cf["steps"][0]["change"].startswith("as measured: ") and cf["steps"][-1]["change"].startswith("+ no host time")
     assert "+ static-graph decode" in [s["change"] for s in cf["steps"]] and cf["not_simulated"] == []
     assert all(s["ratio"] > 0 for s in cf["steps"])
-    assert "## Simulated beside measured" in (out / "compare.md").read_text()
+    md = (out / "compare.md").read_text()
+    assert "## Simulated beside measured" in md and "task error as calibrated" in md
+    assert "simulated as calibrated" in md
     assert all(f["pairs"] and len(f["pairs"]) == 2 and f["engine"] and f["cpu"] for f in res["findings"])
     assert res["conditions"]["tiny-flash"]["dtype"] == res["conditions"]["tiny-standard"]["dtype"]
     assert not res["unequal_conditions"]

@@ -242,8 +242,12 @@ class LocalSimulator:
 
         def replay(drifted: bool, where: Path):
             setup = calibrated(target.model, cal, args, self.machine, drift=speed if drifted else None)[0]
-            server = self._servers.setdefault((group.name, target.name, drifted), SimulatedServer(setup))
-            server.retime(setup)        # this load point's rounds ran at their own speed
+            key = (group.name, target.name, drifted)
+            if key in self._servers:
+                self._servers[key].retime(setup)    # this load point's rounds ran at their own speed
+            else:
+                self._servers[key] = SimulatedServer(setup)
+            server = self._servers[key]
             return replay_rounds(server, _sim_cfg(cfg), source, synth, run.point, round_controls(rounds), where)
 
         summary, by_tree = replay(True, folder)
