@@ -9,7 +9,8 @@ import torch
 from ... import gguf_blocks, indexer, kda, kv_store, linear_plan, mhc, moe, norm, quant_matmul, rope, short_conv, sparse_mla
 from ...compiled import compiled as compiled_fn
 from ...native import (argmax, attention_merge, block_gemm, decode_layer, index_scores, kda_recurrent,
-                        mhc_weights, norm_rope, paged_attention, prefill_attention, row_gemm, swiglu, top_pools)
+                        mhc_weights, norm_rope, paged_attention, prefill_attention, prefill_attention_f32, row_gemm,
+                        swiglu, top_pools)
 from ...native import short_conv as short_conv_native
 from ...sparse_mla_expanded import prefer_expanded, sparse_mla_expanded
 from ..base import KernelBackend, VarlenBatch
@@ -104,7 +105,7 @@ class CpuBackend(KernelBackend):
         # bf16 where the CPU has AMX), the merge of a prefill chunk's two attention parts; the KDA
         # recurrence, the short conv and mHC (float32 and bfloat16); the indexer's prefill scores
         # and top-k; bf16 SwiGLU; greedy sampling's argmax. The AMX kernels (bf16 layers, bf16
-        # prefill attention) are optional on top.
+        # prefill attention) and the fp32 prefill attention are optional on top.
         # None: decided here, once.
         self._native_why_not = (paged_attention.unavailable() or attention_merge.unavailable()
                                 or norm_rope.unavailable() or decode_layer.unavailable() or block_gemm.unavailable()
@@ -124,6 +125,8 @@ class CpuBackend(KernelBackend):
     def describe(self) -> str:
         layers = "fp32, and bf16 on AMX" if decode_layer.bf16_unavailable() is None else "fp32"
         prefill = "; bf16 prefill attention on AMX tiles" if prefill_attention.unavailable() is None else ""
+        if prefill_attention_f32.preferred():
+            prefill += f"; fp32 prefill attention from the pages ({prefill_attention_f32.best_variant()})"
         kernels = ("native decode attention (paged, in place), RMSNorm and RoPE, GGUF block linears; whole "
                    f"llama decode layers in one call where their linears are native ({layers}); the KDA "
                    "recurrence and short conv (prefill and decode) and mHC in fp32 and bf16; the indexer's "

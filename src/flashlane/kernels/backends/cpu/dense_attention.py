@@ -1,8 +1,9 @@
 """Dense causal GQA attention over a paged KV pool: gather plan + torch SDPA (plain-torch path).
 When the backend turned the native kernels on, decode rows of a float32 or bf16 pool read the
-pool in place (``kernels/native/paged_attention``); prefill chunks over a bf16 pool attend on
-AMX tiles straight from the pages (``kernels/native/prefill_attention``) where the CPU has AMX,
-else a chunk after cached history merges its two flash parts in one pass
+pool in place (``kernels/native/paged_attention``); prefill chunks attend straight from the
+pages, over a bf16 pool on AMX tiles (``kernels/native/prefill_attention``) where the CPU has
+AMX, over a float32 pool by FMA vectors (``kernels/native/prefill_attention_f32``); else a
+chunk after cached history merges its two flash parts in one pass
 (``kernels/native/attention_merge``)."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ...kv_store import gather_rows, write_rows
-from ...native import attention_merge, paged_attention, prefill_attention
+from ...native import attention_merge, paged_attention, prefill_attention, prefill_attention_f32
 from ..base import VarlenBatch
 
 
@@ -123,13 +124,17 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: tor
                     native: bool = False) -> torch.Tensor:
     """Write ``[K | V]`` of the new tokens at ``meta.slot_mapping``, then attend each group
     (``native``: decode groups through the in-place kernel where it supports them, prefill chunks
-    through the AMX kernel where it supports them, else a chunk's two attention parts merged by
-    the native kernel)."""
+    through the AMX (bf16) or FMA (float32) kernel where one supports them, else a chunk's two
+    attention parts merged by the native kernel)."""
     n, num_heads, d = q.shape
     num_kv = k.shape[1]
     write_rows(pool, pool_scale, meta.slot_mapping, torch.cat((k.reshape(n, -1), v.reshape(n, -1)), -1))
     native_decode = native and paged_attention.supports(q, pool, pool_scale)
-    native_prefill = native and prefill_attention.supports(q, pool, pool_scale)
+    prefill_kernel = None
+    if native and prefill_attention.supports(q, pool, pool_scale):
+        prefill_kernel = prefill_attention.prefill_attention
+    elif native and prefill_attention_f32.preferred() and prefill_attention_f32.supports(q, pool, pool_scale, num_kv):
+        prefill_kernel = prefill_attention_f32.prefill_attention
     if native_decode and len(plan.groups) == 1 and plan.groups[0].every_row and plan.groups[0].tables is not None:
         g = plan.groups[0]
         return paged_attention.decode_attention(q, pool, g.tables, g.lens, num_kv, meta.page_size, history=g.history)
@@ -141,9 +146,9 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: tor
                                                         history=g.history)
             continue
         bsz, qlen = g.tokens.shape
-        if native_prefill and g.table is not None:
+        if prefill_kernel is not None and g.table is not None:
             rows = slice(g.first, g.first + qlen)
-            prefill_attention.prefill_attention(q[rows], pool, g.table, g.start, num_kv, meta.page_size, out[rows])
+            prefill_kernel(q[rows], pool, g.table, g.start, num_kv, meta.page_size, out[rows])
             continue
         kv = gather_rows(pool, pool_scale, g.rows, q.dtype).view(bsz, g.rows.shape[1], 2, num_kv, d)
         qg = q[g.tokens].transpose(1, 2)                     # [B, Hq, Q, D]

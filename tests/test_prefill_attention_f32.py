@@ -1,0 +1,146 @@
+"""float32 prefill attention straight from the paged pool (``kernels/native/prefill_attention_f32``),
+both builds, against SDPA over the gathered history under the causal mask; its split over
+threads; what it declines; and llama prefill through it against transformers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+from paged_runner import PagedRunner
+
+from flashlane.config import parse_config
+from flashlane.kernels.native import prefill_attention_f32 as f32
+from flashlane.models.llama import LlamaForCausalLM
+
+AVX512_WHY_NOT = f32.unavailable("avx512")
+AVX2_WHY_NOT = f32.unavailable("avx2")
+VARIANTS = [
+    pytest.param("avx2", marks=pytest.mark.skipif(AVX2_WHY_NOT is not None, reason=f"avx2 build: {AVX2_WHY_NOT}")),
+    pytest.param("avx512", marks=pytest.mark.skipif(AVX512_WHY_NOT is not None,
+                                                   reason=f"avx512 build: {AVX512_WHY_NOT}")),
+]
+
+
+def _case(heads, kv, d, start, q_len, page, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    total = start + q_len
+    pages = -(-total // page)
+    pool = torch.randn((pages + 8) * page, 2 * kv * d, generator=g)
+    table = torch.randperm(pages + 8, generator=g)[:pages]
+    q = torch.randn(q_len, heads, d, generator=g)
+    return q, pool, table
+
+
+def _reference(q, pool, table, start, kv, page):
+    q_len, heads, d = q.shape
+    total = start + q_len
+    t = torch.arange(total)
+    rows = pool[table[t // page] * page + t % page].view(total, 2, kv, d)
+    mask = t[None] <= torch.arange(start, total)[:, None]
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], rows[:, 0].transpose(0, 1)[None],
+                                         rows[:, 1].transpose(0, 1)[None], attn_mask=mask, enable_gqa=True)
+    return out[0].transpose(0, 1)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("heads, kv, d, start, q_len, page", [
+    (9, 3, 64, 0, 37, 16),       # a fresh prompt, a partial block of rows and of keys
+    (9, 3, 64, 100, 70, 16),     # a chunk after history
+    (9, 3, 64, 250, 600, 16),    # several blocks of rows, spans of keys past 256
+    (4, 4, 64, 5, 16, 1),        # one query head per kv head, one-token pages
+    (8, 2, 128, 300, 129, 4),    # head dim 128: two passes of the values
+    (2, 1, 64, 0, 1, 16),        # one token
+    (16, 2, 64, 0, 300, 16),     # eight query heads per kv head
+    (200, 1, 64, 3, 5, 16),      # more query heads per kv head than a block's rows
+])
+def test_matches_sdpa_under_the_causal_mask(variant, heads, kv, d, start, q_len, page):
+    if heads // kv > 192:
+        assert not f32.supports(torch.empty(1, heads, d), torch.empty(1, 2 * kv * d), None, kv, variant)
+        return
+    q, pool, table = _case(heads, kv, d, start, q_len, page, seed=heads + d + start)
+    out = torch.full_like(q, float("nan"))
+    got = f32.prefill_attention(q, pool, table, start, kv, page, out, variant=variant)
+    assert got is out
+    torch.testing.assert_close(out, _reference(q, pool, table, start, kv, page), rtol=1e-5, atol=5e-6)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_strided_rows_threads_and_batch_neighbours_do_not_change_a_bit(variant):
+    """The chunk's rows as a slice of a larger batch, written into a slice of the output: equal
+    bit for bit to the standalone call, on one thread and on two (the blocks split)."""
+    q, pool, table = _case(9, 3, 64, 150, 290, 16, seed=4)
+    alone = f32.prefill_attention(q, pool, table, 150, 3, 16, torch.empty_like(q), variant=variant)
+    big = torch.randn(400, 9, 64)
+    big[50:340] = q
+    out = torch.zeros_like(big)
+    prev = torch.get_num_threads()
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        try:
+            f32.prefill_attention(big[50:340], pool, table, 150, 3, 16, out[50:340], variant=variant)
+        finally:
+            torch.set_num_threads(prev)
+        assert torch.equal(out[50:340], alone)
+        assert not out[:50].any() and not out[340:].any()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_what_it_declines(variant):
+    q = torch.randn(4, 2, 64)
+    pool = torch.randn(64, 256)
+    assert f32.supports(q, pool, None, 2, variant)
+    assert not f32.supports(q.bfloat16(), pool.bfloat16(), None, 2, variant)          # bf16
+    assert not f32.supports(q, pool, torch.ones(64), 2, variant)                      # int8 pool scales
+    assert not f32.supports(torch.randn(4, 2, 48), pool, None, 2, variant)            # head dim 48
+    assert not f32.supports(torch.randn(4, 2, 512), pool, None, 2, variant)           # past 256
+    assert not f32.supports(torch.randn(4, 64, 2).transpose(1, 2), pool, None, 2, variant)
+    assert not f32.supports(torch.randn(4, 3, 64), pool, None, 2, variant)            # 3 heads over 2 kv heads
+    assert not f32.supports(q.requires_grad_(), pool, None, 2, variant)               # autograd
+    assert f32.supports(torch.randn(4, 2, 96), pool, None, 2, variant) == (variant == "avx2")
+    with pytest.raises(ValueError, match="does not take"):
+        f32.prefill_attention(torch.randn(4, 2, 48), pool, torch.arange(4), 0, 2, 16, torch.empty(4, 2, 48),
+                              variant=variant)
+
+
+def _hf_llama(seed=0):
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(
+        vocab_size=300, hidden_size=192, intermediate_size=256, num_hidden_layers=2, num_attention_heads=3,
+        num_key_value_heads=1, max_position_embeddings=1024, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, bos_token_id=1, eos_token_id=2,
+        pad_token_id=0)
+    cfg._attn_implementation = "eager"
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.1)
+            elif "norm" in name:
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+@pytest.mark.skipif(not f32.preferred(), reason=f"the kernel cannot run here: {f32.unavailable()}")
+@pytest.mark.parametrize("chunk", [None, 64, 29])
+def test_llama_prefill_through_it_matches_transformers(chunk, monkeypatch):
+    """Head dim 64 (three query heads on one kv head), prompts whole and in chunks after cached
+    history, batched: every prompt token's log-probabilities within 1e-4 of transformers', and
+    the kernel ran (after history where chunked)."""
+    hf = _hf_llama()
+    cfg = parse_config(hf.config.to_dict())
+    model = LlamaForCausalLM(cfg).eval()
+    model.load_state_dict(hf.state_dict(), strict=True)
+    model.post_load()
+    starts = []
+    real = f32.prefill_attention
+    monkeypatch.setattr(f32, "prefill_attention", lambda *a, **k: starts.append(a[3]) or real(*a, **k))
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (300, 61, 140)]
+    ours = PagedRunner(model, cfg, page_size=16).prefill(prompts, chunk=chunk)
+    assert starts and (max(starts) > 0) == (chunk is not None)
+    for p, lp in zip(prompts, ours):
+        with torch.no_grad():
+            ref = torch.log_softmax(hf(torch.tensor([p])).logits[0].float(), -1)
+        assert (lp - ref).abs().max().item() <= 1e-4
