@@ -86,6 +86,17 @@ def test_strided_rows_threads_and_batch_neighbours_do_not_change_a_bit(variant):
         assert not out[:50].any() and not out[340:].any()
 
 
+def test_inside_a_compiled_graph_it_declines_before_any_cached_lookup(monkeypatch):
+    """Dynamo cannot trace a call of an lru_cache wrapper: while compiling, ``supports`` answers
+    before it asks which build runs."""
+    def untraceable(*a):
+        raise AssertionError("looked up a build while compiling")
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    monkeypatch.setattr(f32, "best_variant", untraceable)
+    monkeypatch.setattr(f32, "unavailable", untraceable)
+    assert not f32.supports(torch.randn(4, 2, 64), torch.randn(64, 256), None, 2)
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_what_it_declines(variant):
     q = torch.randn(4, 2, 64)

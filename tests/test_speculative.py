@@ -339,6 +339,37 @@ def test_state_rows_after_each_accept_length_equal_the_plain_run(name, static):
         assert "per-token states" in spec.engine.describe_cache()
 
 
+@pytest.mark.slow
+def test_one_sequence_verify_graphs_multiply_inside_the_graph():
+    """A one-sequence verify graph of 1 + k rows (k = 3; compiled_decode.FEW_ROWS) makes no call
+    into aten's mm / addmm, as the batch-1 decode graphs make none; the tokens equal the plain
+    run's (the state rows after each accept length: the static case of the test above)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    m = _model("small-glm5_next")
+    prompt = _prompts(m, 1, seed=62)[0]
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    ref = _llm(m, enable_prefix_caching=False).generate([prompt], params)[0].token_ids
+    k = 3
+    spec = _llm(m, k, enable_prefix_caching=False, compile=True, compile_sizes=(1,), max_num_seqs=1)
+    spec.engine.scheduler.drafter = _Oracle({tuple(prompt): ref}, k)
+    assert spec.engine.runner.compiled.verify_rows == k + 1
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        out = spec.generate([prompt], params)[0].token_ids
+
+    def in_graph(event) -> bool:
+        while event is not None:
+            if event.name.startswith("## Call CompiledFxGraph"):
+                return True
+            event = event.cpu_parent
+        return False
+    events = prof.events()
+    matmuls = [e.name for e in events if e.name in ("aten::mm", "aten::addmm") and in_graph(e)]
+    assert out == ref and _drafted(spec)[1] > 0
+    assert any(e.name.startswith("## Call CompiledFxGraph") for e in events)
+    assert not matmuls, f"{len(matmuls)} aten matmuls inside the one-sequence graphs"
+
+
 def test_rollback_rows_are_planned_and_reported():
     m = preset("tiny-flash")
     off, on = _llm(m), _llm(m, 2)

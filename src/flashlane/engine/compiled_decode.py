@@ -54,12 +54,28 @@ log = logging.getLogger("flashlane.engine")
 
 WIDTH_MULTIPLE = 4          # block-table width padding (pages): fewer distinct shapes per graph
 DEFAULT_SIZES = (1, 2, 4, 8, 16)
-# Inductor on CPU: its pass that emits a one-row matmul (the batch-1 decode graphs) as a fused
+# Inductor on CPU: its pass that emits a few-row matmul (the batch-1 decode graphs) as a fused
 # multiply-and-sum kernel instead of a call into oneDNN / MKL, whose fixed cost per call (15-35 us)
-# was a third of a tiny model's decode step. Its own CPU limits apply (1 row, weights of at most
-# 2048 x 2048): the pass reads them once, when its module is first imported, so they are not ours
-# to set per graph.
-CPU_OPTIONS = {"post_grad_fusion_options": {"decompose_mm_pass": {}}}
+# was a third of a tiny model's decode step. Its CPU limits: weights of at most 2048 x 2048, and
+# FEW_ROWS rows where torch's default is 1, so that a one-sequence verify graph (1 + k rows, k <= 4)
+# multiplies inside the graph too (tiny-flash, MTP k = 3 at c1: a step 11.2 -> 9.6 ms). The pass
+# reads the limits from these options only when its module is first imported, and from its module
+# constants at every match, so ``_raise_row_limit`` sets the constant; the limit in the options
+# keeps cached graphs compiled under another limit apart (the options are in Inductor's cache key).
+FEW_ROWS = 5
+CPU_OPTIONS = {"post_grad_fusion_options": {"decompose_mm_pass": {"cpu_max_first_dimension_decomposition": FEW_ROWS}}}
+
+
+def _raise_row_limit() -> None:
+    """The decomposition pass's CPU row limit raised to FEW_ROWS (see CPU_OPTIONS), where this
+    torch has it; batch dims marked dynamic are never decomposed, so the graphs of buckets >= 2
+    keep aten's matmuls."""
+    try:
+        from torch._inductor.fx_passes import decompose_mem_bound_mm as mm_pass
+    except ImportError:
+        return
+    if isinstance(getattr(mm_pass, "cpu_max_first_dimension_decomposition", None), int):
+        mm_pass.cpu_max_first_dimension_decomposition = max(mm_pass.cpu_max_first_dimension_decomposition, FEW_ROWS)
 
 
 def compile_cache_dir() -> str:
@@ -265,6 +281,8 @@ class CompiledDecode:
         if kind not in self._graphs:
             fn = _own_copy(region or (_call_region if self.regional else _whole_forward))
             options = None if self._mode is not None or self._backend != "inductor" else CPU_OPTIONS
+            if options is not None:
+                _raise_row_limit()
             self._graphs[kind] = (fn, torch.compile(fn, dynamic=False, fullgraph=True, mode=self._mode,
                                                         backend=self._backend, options=options))
         return self._graphs[kind]

@@ -55,10 +55,12 @@ def supports(q: torch.Tensor, pool: torch.Tensor, pool_scale: torch.Tensor | Non
     """float32 queries (heads and head dims contiguous) and pool (no int8 scales), head dim a
     multiple of the build's pass width (64 for avx512, 32 for avx2) up to 256, at most 192 query
     heads per kv head, eager, no autograd."""
+    if (torch.compiler.is_compiling() or q.dtype != torch.float32 or pool.dtype != torch.float32
+            or pool_scale is not None or q.device.type != "cpu" or q.dim() != 3 or q.shape[1] % num_kv
+            or row_gemm.tracks_grad(q)):
+        return False
     variant = variant or best_variant()
-    if (q.dtype != torch.float32 or pool.dtype != torch.float32 or pool_scale is not None
-            or q.device.type != "cpu" or q.dim() != 3 or q.shape[1] % num_kv or torch.compiler.is_compiling()
-            or row_gemm.tracks_grad(q) or unavailable(variant)):
+    if unavailable(variant):
         return False
     lib = _library(variant)
     d = q.shape[-1]

@@ -133,7 +133,7 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: tor
     prefill_kernel = None
     if native and prefill_attention.supports(q, pool, pool_scale):
         prefill_kernel = prefill_attention.prefill_attention
-    elif native and prefill_attention_f32.preferred() and prefill_attention_f32.supports(q, pool, pool_scale, num_kv):
+    elif native and prefill_attention_f32.supports(q, pool, pool_scale, num_kv) and prefill_attention_f32.preferred():
         prefill_kernel = prefill_attention_f32.prefill_attention
     if native_decode and len(plan.groups) == 1 and plan.groups[0].every_row and plan.groups[0].tables is not None:
         g = plan.groups[0]
