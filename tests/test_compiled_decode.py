@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from graph_profile import aten_matmuls_inside_graphs, graph_calls
 from engine_models import random_prompts, small_glm, tiny_llama
 from flashlane.engine.llm import LLM
 from flashlane.engine.sampling_params import SamplingParams
@@ -164,17 +165,9 @@ def test_batch_one_graphs_multiply_inside_the_graph_not_through_aten_matmuls():
     prompt = random_prompts(1, 20, 40, 250, seed=5)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         compiled.generate(prompt, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
-
-    def in_graph(event) -> bool:
-        while event is not None:
-            if event.name.startswith("## Call CompiledFxGraph"):
-                return True
-            event = event.cpu_parent
-        return False
     events = prof.events()
-    graph_calls = [e for e in events if e.name.startswith("## Call CompiledFxGraph")]
-    matmuls = [e.name for e in events if e.name in ("aten::mm", "aten::addmm") and in_graph(e)]
-    assert graph_calls and compiled.engine.runner.compiled.calls[1] >= 3
+    matmuls = aten_matmuls_inside_graphs(events)
+    assert graph_calls(events) and compiled.engine.runner.compiled.calls[1] >= 3
     assert not matmuls, f"{len(matmuls)} aten matmuls inside the batch-1 graphs"
 
 

@@ -6,19 +6,20 @@ import transformers
 from paged_runner import PagedRunner
 
 from flashlane.config import parse_config
+from flashlane.kernels.native import prefill_attention_f32
 from flashlane.models.llama import LlamaForCausalLM
 
 LENGTHS = (37, 90, 5)
 
 
-def _hf_llama(tie: bool, rope_parameters=None, seed: int = 0):
+def _hf_llama(tie: bool, rope_parameters=None, seed: int = 0, **sizes):
     torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(
-        vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        rope_parameters=rope_parameters or {"rope_type": "default", "rope_theta": 10000.0},
-        tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-    )
+    cfg = transformers.LlamaConfig(**{
+        "vocab_size": 300, "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 3,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
+        "rope_parameters": rope_parameters or {"rope_type": "default", "rope_theta": 10000.0},
+        "tie_word_embeddings": tie, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, **sizes,
+    })
     cfg._attn_implementation = "eager"
     model = transformers.LlamaForCausalLM(cfg).eval()
     with torch.no_grad():  # HF's init is too small to make the logits interesting
@@ -155,3 +156,26 @@ def test_unsupported_llama_variants_are_named():
         LlamaForCausalLM(parse_config({**base, "mlp_bias": True}))
     with pytest.raises(ValueError, match="sliding_window"):
         LlamaForCausalLM(parse_config({**base, "model_type": "mistral", "sliding_window": 16}))
+
+
+@pytest.mark.skipif(not prefill_attention_f32.preferred(),
+                    reason=f"the float32 prefill attention cannot run here: {prefill_attention_f32.unavailable()}")
+@pytest.mark.parametrize("chunk", [None, 64, 29])
+def test_head_dim_64_prefill_through_the_native_kernel(chunk, monkeypatch):
+    """Head dim 64 (three query heads on one kv head), which the cpu backend's float32 prefill
+    attention takes (``kernels/native/prefill_attention_f32``): prompts whole and in chunks after
+    cached history, batched; every prompt token's log-probs within 1e-4 of transformers', and the
+    kernel ran (after history where chunked)."""
+    hf = _hf_llama(tie=False, hidden_size=192, intermediate_size=256, num_hidden_layers=2, num_attention_heads=3,
+                   num_key_value_heads=1, max_position_embeddings=1024)
+    model, cfg = _ours(hf)
+    starts = []
+    real = prefill_attention_f32.prefill_attention
+    monkeypatch.setattr(prefill_attention_f32, "prefill_attention",
+                        lambda *a, **k: starts.append(a[3]) or real(*a, **k))
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (300, 61, 140)]
+    ours = PagedRunner(model, cfg, page_size=16).prefill(prompts, chunk=chunk)
+    assert starts and (max(starts) > 0) == (chunk is not None)
+    for p, lp in zip(prompts, ours):
+        assert (lp - _hf_logprobs(hf, p)).abs().max().item() <= 1e-4

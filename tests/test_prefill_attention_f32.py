@@ -1,18 +1,15 @@
 """float32 prefill attention straight from the paged pool (``kernels/native/prefill_attention_f32``),
 both builds, against SDPA over the gathered history under the causal mask; its split over
-threads; what it declines; and llama prefill through it against transformers."""
+threads; what it declines. Llama prefill through it against transformers:
+``test_llama_fidelity.test_head_dim_64_prefill_through_the_native_kernel``."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
-import transformers
-from paged_runner import PagedRunner
 
-from flashlane.config import parse_config
 from flashlane.kernels.native import prefill_attention_f32 as f32
-from flashlane.models.llama import LlamaForCausalLM
 
 AVX512_WHY_NOT = f32.unavailable("avx512")
 AVX2_WHY_NOT = f32.unavailable("avx2")
@@ -113,45 +110,3 @@ def test_what_it_declines(variant):
     with pytest.raises(ValueError, match="does not take"):
         f32.prefill_attention(torch.randn(4, 2, 48), pool, torch.arange(4), 0, 2, 16, torch.empty(4, 2, 48),
                               variant=variant)
-
-
-def _hf_llama(seed=0):
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(
-        vocab_size=300, hidden_size=192, intermediate_size=256, num_hidden_layers=2, num_attention_heads=3,
-        num_key_value_heads=1, max_position_embeddings=1024, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, bos_token_id=1, eos_token_id=2,
-        pad_token_id=0)
-    cfg._attn_implementation = "eager"
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.1)
-            elif "norm" in name:
-                p.uniform_(0.5, 1.5)
-    return model
-
-
-@pytest.mark.skipif(not f32.preferred(), reason=f"the kernel cannot run here: {f32.unavailable()}")
-@pytest.mark.parametrize("chunk", [None, 64, 29])
-def test_llama_prefill_through_it_matches_transformers(chunk, monkeypatch):
-    """Head dim 64 (three query heads on one kv head), prompts whole and in chunks after cached
-    history, batched: every prompt token's log-probabilities within 1e-4 of transformers', and
-    the kernel ran (after history where chunked)."""
-    hf = _hf_llama()
-    cfg = parse_config(hf.config.to_dict())
-    model = LlamaForCausalLM(cfg).eval()
-    model.load_state_dict(hf.state_dict(), strict=True)
-    model.post_load()
-    starts = []
-    real = f32.prefill_attention
-    monkeypatch.setattr(f32, "prefill_attention", lambda *a, **k: starts.append(a[3]) or real(*a, **k))
-    g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (300, 61, 140)]
-    ours = PagedRunner(model, cfg, page_size=16).prefill(prompts, chunk=chunk)
-    assert starts and (max(starts) > 0) == (chunk is not None)
-    for p, lp in zip(prompts, ours):
-        with torch.no_grad():
-            ref = torch.log_softmax(hf(torch.tensor([p])).logits[0].float(), -1)
-        assert (lp - ref).abs().max().item() <= 1e-4

@@ -16,6 +16,7 @@ from flashlane.cli.engine_flags import engine_kwargs_of_flags, flags_of_engine_k
 from flashlane.engine.speculative import NgramDrafter, SpeculativeConfig, accept_greedy, accept_sampled
 
 from engine_models import preset, random_prompts, small_glm, tiny_llama
+from graph_profile import aten_matmuls_inside_graphs, graph_calls
 
 MODELS = ["tiny-llama", "tiny-flash", "tiny-standard"]
 HIDDEN = ["small-glm5_next", "small-glm_moe_dsa"]     # other depths and layer patterns than the presets
@@ -356,17 +357,10 @@ def test_one_sequence_verify_graphs_multiply_inside_the_graph():
     assert spec.engine.runner.compiled.verify_rows == k + 1
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         out = spec.generate([prompt], params)[0].token_ids
-
-    def in_graph(event) -> bool:
-        while event is not None:
-            if event.name.startswith("## Call CompiledFxGraph"):
-                return True
-            event = event.cpu_parent
-        return False
     events = prof.events()
-    matmuls = [e.name for e in events if e.name in ("aten::mm", "aten::addmm") and in_graph(e)]
+    matmuls = aten_matmuls_inside_graphs(events)
     assert out == ref and _drafted(spec)[1] > 0
-    assert any(e.name.startswith("## Call CompiledFxGraph") for e in events)
+    assert graph_calls(events)
     assert not matmuls, f"{len(matmuls)} aten matmuls inside the one-sequence graphs"
 
 

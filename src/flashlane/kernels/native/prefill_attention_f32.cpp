@@ -18,61 +18,44 @@
 
 namespace {
 
+// the vector type and its operations from simd.h (F32x16 / F32x8), and the few this kernel adds
 #ifdef __AVX512F__
-using V = __m512;
-constexpr int kLanes = 16;
+using S = F32x16;
 constexpr int RS = 6, NS = 4;     // scores: 24 accumulators, 64 keys a group
 constexpr int RP = 6, CP = 4;     // values: 24 accumulators, 64 d a pass
-inline V vset1(float x) { return _mm512_set1_ps(x); }
-inline V vzero() { return _mm512_setzero_ps(); }
-inline V vload(const float* p) { return _mm512_loadu_ps(p); }
-inline void vstore(float* p, V v) { _mm512_storeu_ps(p, v); }
-inline V vfmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-inline V vsub(V a, V b) { return _mm512_sub_ps(a, b); }
-inline V vadd(V a, V b) { return _mm512_add_ps(a, b); }
-inline V vmul(V a, V b) { return _mm512_mul_ps(a, b); }
-inline V vmax(V a, V b) { return _mm512_max_ps(a, b); }
-inline float vreduce_max(V a) { return _mm512_reduce_max_ps(a); }
-inline float vreduce_add(V a) { return _mm512_reduce_add_ps(a); }
+inline float reduce_max(__m512 a) { return _mm512_reduce_max_ps(a); }
+inline float reduce_add(__m512 a) { return _mm512_reduce_add_ps(a); }
 // lanes [0, n) of x, the rest `fill` (0 <= n <= 16)
-inline V vfirst(V x, int64_t n, V fill) {
+inline __m512 first_lanes(__m512 x, int64_t n, __m512 fill) {
     return _mm512_mask_blend_ps(static_cast<__mmask16>((1u << n) - 1), fill, x);
 }
-inline V vround(V x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-inline V vpow2i(V n) {   // 2^n for integral n in [-126, 127]
+inline __m512 round_even(__m512 x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline __m512 pow2i(__m512 n) {   // 2^n for integral n in [-126, 127]
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
 }
 #else
-using V = __m256;
-constexpr int kLanes = 8;
+using S = F32x8;
 constexpr int RS = 4, NS = 2;     // scores: 8 accumulators of the 16 registers, 16 keys a group
 constexpr int RP = 3, CP = 4;     // values: 12 accumulators, 32 d a pass
-inline V vset1(float x) { return _mm256_set1_ps(x); }
-inline V vzero() { return _mm256_setzero_ps(); }
-inline V vload(const float* p) { return _mm256_loadu_ps(p); }
-inline void vstore(float* p, V v) { _mm256_storeu_ps(p, v); }
-inline V vfmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-inline V vsub(V a, V b) { return _mm256_sub_ps(a, b); }
-inline V vadd(V a, V b) { return _mm256_add_ps(a, b); }
-inline V vmul(V a, V b) { return _mm256_mul_ps(a, b); }
-inline V vmax(V a, V b) { return _mm256_max_ps(a, b); }
-inline float vreduce_max(V a) {
+inline float reduce_max(__m256 a) {
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     m = _mm_max_ss(m, _mm_movehdup_ps(m));
     return _mm_cvtss_f32(m);
 }
-inline float vreduce_add(V a) { return hsum(a); }
-inline V vfirst(V x, int64_t n, V fill) {
+inline float reduce_add(__m256 a) { return hsum(a); }
+inline __m256 first_lanes(__m256 x, int64_t n, __m256 fill) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), lane));
     return _mm256_blendv_ps(fill, x, keep);
 }
-inline V vround(V x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-inline V vpow2i(V n) {
+inline __m256 round_even(__m256 x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline __m256 pow2i(__m256 n) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
 }
 #endif
+using V = S::T;
+constexpr int kLanes = S::kLanes;
 
 constexpr int kGroup = NS * kLanes;    // keys per scores micro-kernel call
 constexpr int kSpan = 256;             // keys per span: one max, rescale and exp2 pass per row
@@ -85,13 +68,13 @@ static_assert(kSpan % kGroup == 0, "a span holds whole key groups");
 // 2^x for x <= 0 (clamped at -126): 2^n * 2^f, f in [-0.5, 0.5], 2^f by a degree-6 polynomial
 // (relative error ~3e-8); -inf gives 2^-126 * 2^0, which the caller masks or flushes
 inline V exp2v(V x) {
-    x = vmax(x, vset1(-126.0f));
-    const V n = vround(x);
-    const V f = vsub(x, n);
+    x = S::max(x, S::set1(-126.0f));
+    const V n = round_even(x);
+    const V f = S::sub(x, n);
     static const float c[7] = {1.0f, 0.69314718f, 0.24022651f, 0.05550411f, 0.00961813f, 0.00133336f, 0.00015404f};
-    V p = vset1(c[6]);
-    for (int i = 5; i >= 0; i--) p = vfmadd(p, f, vset1(c[i]));
-    return vmul(p, vpow2i(n));
+    V p = S::set1(c[6]);
+    for (int i = 5; i >= 0; i--) p = S::fmadd(p, f, S::set1(c[i]));
+    return S::mul(p, pow2i(n));
 }
 
 inline const float* row_of(const float* pool, int64_t stride, const int64_t* table, int64_t page, int64_t t) {
@@ -104,17 +87,17 @@ template <int R>
 inline void scores_kernel(const float* q, int64_t D, const float* kt, float* s, int64_t s_stride) {
     V acc[R][NS];
     for (int r = 0; r < R; r++)
-        for (int n = 0; n < NS; n++) acc[r][n] = vzero();
+        for (int n = 0; n < NS; n++) acc[r][n] = S::zero();
     for (int64_t d = 0; d < D; d++) {
         V k[NS];
-        for (int n = 0; n < NS; n++) k[n] = vload(kt + n * D * kLanes + d * kLanes);
+        for (int n = 0; n < NS; n++) k[n] = S::load(kt + n * D * kLanes + d * kLanes);
         for (int r = 0; r < R; r++) {
-            const V b = vset1(q[r * D + d]);
-            for (int n = 0; n < NS; n++) acc[r][n] = vfmadd(b, k[n], acc[r][n]);
+            const V b = S::set1(q[r * D + d]);
+            for (int n = 0; n < NS; n++) acc[r][n] = S::fmadd(b, k[n], acc[r][n]);
         }
     }
     for (int r = 0; r < R; r++)
-        for (int n = 0; n < NS; n++) vstore(s + r * s_stride + n * kLanes, acc[r][n]);
+        for (int n = 0; n < NS; n++) S::store(s + r * s_stride + n * kLanes, acc[r][n]);
 }
 
 // acc (R rows of CP vectors of d, rows acc_stride apart) = acc * alpha + p . v over `width` keys
@@ -124,19 +107,19 @@ inline void values_kernel(const float* p, int64_t p_stride, const float* v, int6
                           float* acc, int64_t acc_stride, const float* alpha) {
     V o[R][CP];
     for (int r = 0; r < R; r++) {
-        const V a = vset1(alpha[r]);
-        for (int c = 0; c < CP; c++) o[r][c] = vmul(vload(acc + r * acc_stride + c * kLanes), a);
+        const V a = S::set1(alpha[r]);
+        for (int c = 0; c < CP; c++) o[r][c] = S::mul(S::load(acc + r * acc_stride + c * kLanes), a);
     }
     for (int64_t j = 0; j < width; j++) {
         V x[CP];
-        for (int c = 0; c < CP; c++) x[c] = vload(v + j * v_stride + c * kLanes);
+        for (int c = 0; c < CP; c++) x[c] = S::load(v + j * v_stride + c * kLanes);
         for (int r = 0; r < R; r++) {
-            const V b = vset1(p[r * p_stride + j]);
-            for (int c = 0; c < CP; c++) o[r][c] = vfmadd(b, x[c], o[r][c]);
+            const V b = S::set1(p[r * p_stride + j]);
+            for (int c = 0; c < CP; c++) o[r][c] = S::fmadd(b, x[c], o[r][c]);
         }
     }
     for (int r = 0; r < R; r++)
-        for (int c = 0; c < CP; c++) vstore(acc + r * acc_stride + c * kLanes, o[r][c]);
+        for (int c = 0; c < CP; c++) S::store(acc + r * acc_stride + c * kLanes, o[r][c]);
 }
 
 // One block: `rows` query rows (row i at position pos[i], pre-scaled queries qb [rows][D]) of one
@@ -151,7 +134,7 @@ void attend_block(const float* qb, const int64_t* pos, int64_t rows, int64_t las
     const int64_t prow = (rows + 5) / 6 * 6;   // zero rows past `rows` (the caller's qb): whole micro-kernel calls
     for (int64_t r = 0; r < prow; r++) m[r] = -INFINITY, l[r] = 0.0f, ones[r] = 1.0f;
     memset(acc, 0, sizeof(float) * prow * D);
-    const V ninf = vset1(-INFINITY);
+    const V ninf = S::set1(-INFINITY);
     for (int64_t k0 = 0; k0 < last; k0 += kSpan) {
         const int64_t width = last - k0 < kSpan ? last - k0 : kSpan;
         const int64_t groups = (width + kGroup - 1) / kGroup;
@@ -173,27 +156,27 @@ void attend_block(const float* qb, const int64_t* pos, int64_t rows, int64_t las
             float* sr = s + r * kSpan;
             V top = ninf;
             int64_t j = 0;
-            for (; j + kLanes <= vis[r]; j += kLanes) top = vmax(top, vload(sr + j));
-            if (j < vis[r]) top = vmax(top, vfirst(vload(sr + j), vis[r] - j, ninf));
-            const float mb = vis[r] ? vreduce_max(top) : -INFINITY;
+            for (; j + kLanes <= vis[r]; j += kLanes) top = S::max(top, S::load(sr + j));
+            if (j < vis[r]) top = S::max(top, first_lanes(S::load(sr + j), vis[r] - j, ninf));
+            const float mb = vis[r] ? reduce_max(top) : -INFINITY;
             const float mn = mb > m[r] ? mb : m[r];
             alpha[r] = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - mn);
             m[r] = mn;
-            const V sub = vset1(mn == -INFINITY ? 0.0f : mn);
-            V sum = vzero();
+            const V sub = S::set1(mn == -INFINITY ? 0.0f : mn);
+            V sum = S::zero();
             for (j = 0; j + kLanes <= vis[r]; j += kLanes) {
-                const V e = exp2v(vsub(vload(sr + j), sub));
-                sum = vadd(sum, e);
-                vstore(sr + j, e);
+                const V e = exp2v(S::sub(S::load(sr + j), sub));
+                sum = S::add(sum, e);
+                S::store(sr + j, e);
             }
             if (j < vis[r]) {
-                const V e = vfirst(exp2v(vsub(vload(sr + j), sub)), vis[r] - j, vzero());
-                sum = vadd(sum, e);
-                vstore(sr + j, e);
+                const V e = first_lanes(exp2v(S::sub(S::load(sr + j), sub)), vis[r] - j, S::zero());
+                sum = S::add(sum, e);
+                S::store(sr + j, e);
                 j += kLanes;
             }
-            for (; j < width; j += kLanes) vstore(sr + j, vzero());
-            l[r] = l[r] * alpha[r] + vreduce_add(sum);
+            for (; j < width; j += kLanes) S::store(sr + j, S::zero());
+            l[r] = l[r] * alpha[r] + reduce_add(sum);
         }
         // the span's values in pieces that stay in L1 across the rows; the rows' sums are rescaled
         // by alpha with the first piece
@@ -218,8 +201,8 @@ void attend_block(const float* qb, const int64_t* pos, int64_t rows, int64_t las
     }
     for (int64_t r = 0; r < rows; r++) {
         const float inv = 1.0f / l[r];
-        const V vi = vset1(inv);
-        for (int64_t d = 0; d < D; d += kLanes) vstore(out_rows[r] + d, vmul(vload(acc + r * D + d), vi));
+        const V vi = S::set1(inv);
+        for (int64_t d = 0; d < D; d += kLanes) S::store(out_rows[r] + d, S::mul(S::load(acc + r * D + d), vi));
     }
 }
 }  // namespace
