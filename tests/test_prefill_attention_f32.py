@@ -95,6 +95,19 @@ def test_inside_a_compiled_graph_it_declines_before_any_cached_lookup(monkeypatc
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+def test_a_row_gives_the_same_bits_however_the_prompt_is_chunked(variant):
+    """A query row's spans of keys start at key 0 whatever chunk it is in, and keys past its
+    position add exact zeros: a prompt prefilled whole and in chunks after cached history (a
+    prefix-cache hit, a chunked prefill) gives the same bits (torch's two flash parts merged did
+    not)."""
+    q, pool, table = _case(9, 3, 64, 0, 700, 16, seed=9)
+    whole = f32.prefill_attention(q, pool, table, 0, 3, 16, torch.empty_like(q), variant=variant)
+    parts = [f32.prefill_attention(q[a:b], pool, table, a, 3, 16, torch.empty_like(q[a:b]), variant=variant)
+             for a, b in [(0, 100), (100, 357), (357, 358), (358, 700)]]
+    assert torch.equal(whole, torch.cat(parts))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_what_it_declines(variant):
     q = torch.randn(4, 2, 64)
     pool = torch.randn(64, 256)
